@@ -1,0 +1,1 @@
+"""Typed, validated configuration: sampling, pipeline and serving arguments."""

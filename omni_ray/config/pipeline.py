@@ -1,0 +1,31 @@
+"""How stages hand work to each other: delivery mode and codec chunking."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Mode = Literal["sync", "async_chunk"]
+
+
+class PipelineConfig(BaseModel):
+    """Delivery between stages.
+
+    * ``sync``: a stage starts a request when the previous stage finished it (one chunk per edge).
+    * ``async_chunk``: the talker starts on the thinker's first tokens; code2wav decodes codec
+      chunks as they arrive: ``initial_chunk_frames`` first (small, for a fast first audio), then
+      every ``chunk_frames``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Mode = "async_chunk"
+    initial_chunk_frames: int = Field(4, ge=1, le=1000)
+    chunk_frames: int = Field(25, ge=1, le=1000)
+    code2wav_mode: Literal["window", "stateful"] = Field(
+        "window", description="window: re-decode left context each chunk; stateful: carry state")
+    left_context_frames: int = Field(25, ge=1, le=2000,
+                                     description="left context for code2wav_mode=window")
+    max_chunks_in_flight: int = Field(8, ge=1, le=1024,
+                                      description="per request and edge, before the sender waits")

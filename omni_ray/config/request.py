@@ -1,0 +1,37 @@
+"""One request as every stage sees it (validated at the edge, passed down unchanged)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from omni_ray.config.sampling import THINKER_GREEDY, TALKER_GREEDY, SamplingParams
+
+Modality = Literal["text", "audio"]
+
+
+class OmniRequest(BaseModel):
+    """A prompt (already tokenised with the chat template) and what to produce from it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    request_id: str = Field(min_length=1, max_length=256)
+    prompt_token_ids: list[int] = Field(min_length=1)
+    modalities: tuple[Modality, ...] = ("text", "audio")
+    speaker: str = "ethan"
+    max_tokens: int = Field(64, ge=1, description="max text tokens from the thinker")
+    max_audio_frames: int = Field(600, ge=1, description="max codec frames (80 ms each)")
+    stop_token_ids: tuple[int, ...] = ()
+    thinker_sampling: SamplingParams = THINKER_GREEDY
+    talker_sampling: SamplingParams = TALKER_GREEDY
+
+    @model_validator(mode="after")
+    def _check(self) -> "OmniRequest":
+        if not self.modalities or len(set(self.modalities)) != len(self.modalities):
+            raise ValueError(f"modalities must be a non-empty set of text/audio, got {self.modalities}")
+        return self
+
+    @property
+    def wants_audio(self) -> bool:
+        return "audio" in self.modalities

@@ -1,0 +1,1 @@
+"""Checkpoint making and loading, tokenizer and prompt format."""

@@ -1,0 +1,51 @@
+"""Load one stage of a local Qwen3-Omni checkpoint (tiny or real, single file or sharded).
+
+transformers owns the checkpoint format (it renames and fuses keys on load, e.g. per-expert MoE
+weights into one tensor), so each stage loads through ``from_pretrained`` and keeps only its own
+submodule; the rest is freed before the stage starts serving. The talker also keeps the thinker's
+token embedding table, which it needs to project text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+STAGES = ("thinker", "talker", "code2wav")
+
+
+def load_omni_config(model_dir: str | Path):
+    """The checkpoint's ``Qwen3OmniMoeConfig``."""
+    from transformers import Qwen3OmniMoeConfig
+
+    return Qwen3OmniMoeConfig.from_pretrained(str(model_dir), local_files_only=True)
+
+
+@dataclass
+class StageModules:
+    """What one stage needs from the checkpoint."""
+
+    config: object          # Qwen3OmniMoeConfig (the whole model's)
+    module: object          # the stage's nn.Module (thinker / talker / code2wav)
+    text_embedding: object  # thinker's nn.Embedding, only for the talker stage (else None)
+
+
+def load_stage(model_dir: str | Path, stage: str, device: str = "cpu", dtype=None) -> StageModules:
+    """Load ``stage``'s module of the checkpoint at ``model_dir`` onto ``device``."""
+    import torch
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {list(STAGES)}, got {stage!r}")
+    dtype = dtype or torch.float32
+    full = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        str(model_dir), local_files_only=True, dtype=dtype
+    ).eval()
+    embedding = None
+    if stage == "talker":
+        embedding = full.thinker.get_input_embeddings()
+        embedding = embedding.to(device)
+    module = getattr(full, stage).to(device).eval()
+    config = full.config
+    del full
+    return StageModules(config=config, module=module, text_embedding=embedding)

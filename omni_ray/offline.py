@@ -1,0 +1,185 @@
+"""Offline pipeline: the three stages in one process, driven step by step.
+
+``Omni(model=DIR, mode="sync"|"async_chunk").generate(requests)`` runs thinker, talker and
+code2wav with the same runners and chunking as the Serve app; chunks cross stages through the wire
+codec (``transport.local``). In sync mode each stage sees a request only once the previous stage
+finished it; in async_chunk the talker starts on the thinker's first tokens and code2wav decodes
+codec chunks as they arrive.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from omni_ray.config.pipeline import PipelineConfig
+from omni_ray.config.request import OmniRequest
+from omni_ray.models.loading import load_stage
+from omni_ray.models.tokenizer import encode_chat, load_tokenizer
+from omni_ray.payload import FinishReason
+from omni_ray.runners.chunking import CodecChunker, ThinkerChunker
+from omni_ray.runners.code2wav import Code2WavRunner
+from omni_ray.runners.talker import TalkerRunner
+from omni_ray.runners.thinker import ThinkerRunner
+from omni_ray.transport.local import send_local
+
+SAMPLE_RATE = 24000
+
+
+@dataclass
+class OmniOutput:
+    """One finished request."""
+
+    request_id: str
+    text: str
+    text_token_ids: list[int]
+    finish_reason: FinishReason
+    codec_frames: torch.Tensor                      # [frames, 16] int64
+    audio: torch.Tensor                             # [samples] float32 at sample_rate
+    audio_pieces: list[int] = field(default_factory=list)  # sample count of each emitted piece
+    sample_rate: int = SAMPLE_RATE
+    time_to_first_token: float | None = None
+    time_to_first_audio: float | None = None
+    latency: float | None = None
+
+    def summary(self) -> dict:
+        return dict(
+            request_id=self.request_id, text=self.text, text_token_ids=self.text_token_ids,
+            finish_reason=self.finish_reason.name.lower(), codec_frames=int(self.codec_frames.shape[0]),
+            audio_samples=int(self.audio.numel()), sample_rate=self.sample_rate,
+            audio_seconds=self.audio.numel() / self.sample_rate,
+            time_to_first_token=self.time_to_first_token, time_to_first_audio=self.time_to_first_audio,
+            latency=self.latency,
+        )
+
+
+@dataclass
+class _Track:
+    """Per-request bookkeeping in the driver."""
+
+    req: OmniRequest
+    t0: float
+    thinker_chunker: ThinkerChunker
+    codec_chunker: CodecChunker | None
+    text_ids: list[int] = field(default_factory=list)
+    reason: FinishReason = FinishReason.NONE
+    frames: list[torch.Tensor] = field(default_factory=list)
+    audio: list[torch.Tensor] = field(default_factory=list)
+    text_done: bool = False
+    audio_done: bool = False
+    ttft: float | None = None
+    ttfa: float | None = None
+
+
+class Omni:
+    """The offline pipeline over a local Qwen3-Omni checkpoint."""
+
+    def __init__(self, model: str | Path, mode: str = "async_chunk", *, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32, pipeline: PipelineConfig | None = None,
+                 max_num_seqs: int = 64):
+        self.model_dir = Path(model)
+        self.pipeline = (pipeline or PipelineConfig()).model_copy(update={"mode": mode})
+        th = load_stage(model, "thinker", device, dtype)
+        tk = load_stage(model, "talker", device, dtype)
+        cw = load_stage(model, "code2wav", device, dtype)
+        cfg = th.config
+        self.config = cfg
+        self.tokenizer = load_tokenizer(model)
+        self.thinker = ThinkerRunner(th.module, eos_token_ids=[cfg.im_end_token_id],
+                                     max_num_seqs=max_num_seqs, device=device)
+        self.talker = TalkerRunner(tk.module, tk.text_embedding, cfg, max_num_seqs=max_num_seqs,
+                                   device=device)
+        self.code2wav = Code2WavRunner(cw.module, mode=self.pipeline.code2wav_mode,
+                                       left_context_frames=self.pipeline.left_context_frames,
+                                       device=device)
+        self.groups = cfg.talker_config.num_code_groups
+
+    def prompt_ids(self, text: str, system: str | None = None) -> list[int]:
+        messages = ([{"role": "system", "content": system}] if system else [])
+        return encode_chat(self.tokenizer, messages + [{"role": "user", "content": text}])
+
+    def generate(self, requests: OmniRequest | list[OmniRequest]) -> list[OmniOutput]:
+        """Run requests together (continuous batching); returns outputs in request order."""
+        reqs = [requests] if isinstance(requests, OmniRequest) else list(requests)
+        p = self.pipeline
+        tracks: dict[str, _Track] = {}
+        now = time.perf_counter()
+        for r in reqs:
+            self.thinker.add_request(r.request_id, r.prompt_token_ids, r.thinker_sampling,
+                                     r.max_tokens, list(r.stop_token_ids))
+            chunker = None
+            if r.wants_audio:
+                self.talker.add_request(r.request_id, r.speaker, r.talker_sampling,
+                                        r.max_audio_frames)
+                self.code2wav.add_request(r.request_id)
+                chunker = CodecChunker(r.request_id, p.mode, p.initial_chunk_frames,
+                                       p.chunk_frames, self.groups)
+            tracks[r.request_id] = _Track(r, now, ThinkerChunker(r.request_id, r.prompt_token_ids,
+                                                                 p.mode), chunker,
+                                          audio_done=not r.wants_audio)
+        try:
+            while not all(t.text_done and t.audio_done for t in tracks.values()):
+                progressed = self._thinker_step(tracks)
+                progressed |= self._talker_step(tracks)
+                if not progressed:
+                    raise RuntimeError("pipeline stalled: no stage can make progress")
+        except BaseException:
+            for rid in tracks:
+                self.thinker.abort(rid), self.talker.abort(rid), self.code2wav.abort(rid)
+            raise
+        return [self._output(tracks[r.request_id]) for r in reqs]
+
+    # 1) Thinker: one token per running request; text to the caller, chunks to the talker.
+    def _thinker_step(self, tracks: dict[str, _Track]) -> bool:
+        if not self.thinker.has_unfinished():
+            return False
+        for out in self.thinker.step():
+            t = tracks[out.request_id]
+            if t.ttft is None:
+                t.ttft = time.perf_counter() - t.t0
+            t.text_ids.extend(out.new_token_ids)
+            if out.finished:
+                t.text_done, t.reason = True, out.finish_reason
+            if not t.req.wants_audio:
+                continue
+            for chunk in t.thinker_chunker.add(out.new_token_ids, out.finished, out.finish_reason):
+                c = send_local(chunk)
+                self.talker.push_text(c.request_id, c.token_ids, c.finished, c.prompt_token_ids,
+                                      c.mm_hidden)
+        return True
+
+    # 2) Talker: one frame per ready request; codec chunks to code2wav, decoded on arrival.
+    def _talker_step(self, tracks: dict[str, _Track]) -> bool:
+        if not self.talker.has_ready():
+            return False
+        for out in self.talker.step():
+            t = tracks[out.request_id]
+            for chunk in t.codec_chunker.add(out.frames, out.finished, out.finish_reason):
+                self._vocode(t, send_local(chunk))
+        return True
+
+    # 3) Code2wav: a chunk in, a waveform piece out.
+    def _vocode(self, t: _Track, chunk) -> None:
+        t.frames.append(chunk.codes)
+        _, piece = self.code2wav.decode(chunk.request_id, chunk.codes)
+        if piece.numel() and t.ttfa is None:
+            t.ttfa = time.perf_counter() - t.t0
+        t.audio.append(piece)
+        if chunk.finished:
+            self.code2wav.finish(chunk.request_id)
+            t.audio_done = True
+
+    def _output(self, t: _Track) -> OmniOutput:
+        frames = (torch.cat(t.frames) if t.frames
+                  else torch.empty((0, self.groups), dtype=torch.long))
+        audio = torch.cat(t.audio) if t.audio else torch.empty(0)
+        return OmniOutput(
+            request_id=t.req.request_id,
+            text=self.tokenizer.decode(t.text_ids, skip_special_tokens=True),
+            text_token_ids=t.text_ids, finish_reason=t.reason, codec_frames=frames, audio=audio,
+            audio_pieces=[p.numel() for p in t.audio], time_to_first_token=t.ttft,
+            time_to_first_audio=t.ttfa, latency=time.perf_counter() - t.t0,
+        )

@@ -1,0 +1,79 @@
+"""Turn per-step stage output into chunks for the next stage, by delivery mode.
+
+async_chunk forwards as soon as something useful exists; sync holds everything until the request
+finishes and sends one chunk. Both keep ``seq`` gap-free and end with exactly one finished chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omni_ray.payload import CodecChunk, FinishReason, ThinkerChunk
+
+
+class ThinkerChunker:
+    """Per request: thinker step outputs -> ThinkerChunks (prompt rides on chunk 0)."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], mode: str,
+                 mm_hidden: torch.Tensor | None = None):
+        self.request_id = request_id
+        self.prompt = list(prompt_token_ids)
+        self.mm_hidden = mm_hidden
+        self.stream = mode == "async_chunk"
+        self.seq = 0
+        self.pending: list[int] = []
+
+    def add(self, token_ids: list[int], finished: bool,
+            reason: FinishReason = FinishReason.NONE) -> list[ThinkerChunk]:
+        self.pending.extend(token_ids)
+        if not (self.stream or finished):
+            return []
+        first = self.seq == 0
+        chunk = ThinkerChunk(
+            request_id=self.request_id, seq=self.seq, token_ids=self.pending, finished=finished,
+            finish_reason=reason if finished else FinishReason.NONE,
+            prompt_token_ids=self.prompt if first else None,
+            mm_hidden=self.mm_hidden if first else None,
+        )
+        self.seq += 1
+        self.pending = []
+        return [chunk]
+
+
+class CodecChunker:
+    """Per request: talker frames -> CodecChunks of ``initial`` then ``size`` frames."""
+
+    def __init__(self, request_id: str, mode: str, initial: int, size: int, groups: int = 16):
+        self.request_id = request_id
+        self.stream = mode == "async_chunk"
+        self.initial, self.size, self.groups = initial, size, groups
+        self.seq = 0
+        self.start = 0
+        self.pending: list[torch.Tensor] = []
+        self.num_pending = 0
+
+    def add(self, frames: torch.Tensor, finished: bool,
+            reason: FinishReason = FinishReason.NONE) -> list[CodecChunk]:
+        if frames.numel():
+            self.pending.append(frames)
+            self.num_pending += frames.shape[0]
+        out = []
+        want = self.initial if self.seq == 0 else self.size
+        while self.stream and self.num_pending >= want and not (finished and self.num_pending == want):
+            out.append(self._emit(want, False, FinishReason.NONE))
+            want = self.size
+        if finished:
+            out.append(self._emit(self.num_pending, True, reason))
+        return out
+
+    def _emit(self, n: int, finished: bool, reason: FinishReason) -> CodecChunk:
+        allf = (torch.cat(self.pending, dim=0) if self.pending
+                else torch.empty((0, self.groups), dtype=torch.long))
+        codes, rest = allf[:n], allf[n:]
+        self.pending = [rest] if rest.shape[0] else []
+        self.num_pending = rest.shape[0]
+        chunk = CodecChunk(request_id=self.request_id, seq=self.seq, start_frame=self.start,
+                           codes=codes.contiguous(), finished=finished, finish_reason=reason)
+        self.seq += 1
+        self.start += n
+        return chunk

@@ -1,0 +1,121 @@
+"""Code2wav runner: codec frames in, waveform pieces out, per request, joined exactly.
+
+Two decode modes:
+
+* ``window``: re-decode ``left_context_frames`` earlier frames with every chunk and keep only the
+  new samples. The piece for frames [s, e) is ``w[ctx*spf - tail:]`` of ``decode(codes[s-ctx:e])``
+  where ``tail = (e-s+ctx)*spf - len(w)`` (the samples that need the next frame); pieces join with
+  no sample lost or doubled. Equal to a one-shot decode when the context covers the vocoder's
+  receptive field.
+* ``stateful``: carry attention and convolution state between chunks and decode only the new
+  frames (see ``code2wav_stream``): equal to a one-shot decode for any chunking.
+
+After N frames a request has produced exactly N*spf - tail samples in both modes, as many as a
+one-shot decode of those N frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class _Req:
+    request_id: str
+    frames: list[torch.Tensor] = field(default_factory=list)  # [n, 16] int64 pieces (window mode)
+    num_frames: int = 0
+    samples_out: int = 0
+    stream_state: object = None                                # stateful mode
+
+
+class Code2WavRunner:
+    """Owns the code2wav module; ``decode`` is called per arriving codec chunk."""
+
+    def __init__(self, code2wav, *, mode: str = "window", left_context_frames: int = 25,
+                 device: str = "cpu"):
+        if mode not in ("window", "stateful"):
+            raise ValueError(f"code2wav mode must be 'window' or 'stateful', got {mode!r}")
+        if left_context_frames < 1:
+            raise ValueError("left_context_frames must be >= 1")
+        self.model = code2wav
+        self.mode = mode
+        self.ctx = left_context_frames
+        self.device = device
+        self.samples_per_frame = int(code2wav.total_upsample)
+        self._reqs: dict[str, _Req] = {}
+        self._stream = None
+        if mode == "stateful":
+            from omni_ray.runners.code2wav_stream import StreamingCode2Wav
+
+            self._stream = StreamingCode2Wav(code2wav)
+
+    def add_request(self, request_id: str) -> None:
+        if request_id in self._reqs:
+            raise ValueError(f"duplicate request_id {request_id!r}")
+        req = _Req(request_id)
+        if self._stream is not None:
+            req.stream_state = self._stream.new_state()
+        self._reqs[request_id] = req
+
+    def abort(self, request_id: str) -> bool:
+        return self._reqs.pop(request_id, None) is not None
+
+    def finish(self, request_id: str) -> None:
+        self._reqs.pop(request_id, None)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._reqs)
+
+    def request_ids(self) -> list[str]:
+        return list(self._reqs)
+
+    @torch.inference_mode()
+    def decode(self, request_id: str, codes: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """Decode new frames ``codes`` [n, 16]; returns (start_sample, new float32 samples)."""
+        req = self._reqs[request_id]
+        start = req.samples_out
+        if codes.shape[0] == 0:
+            return start, torch.empty(0, dtype=torch.float32)
+        if self._stream is not None:
+            piece = self._stream.decode(req.stream_state, codes.to(self.device))
+        else:
+            piece = self._decode_window(req, codes)
+        req.num_frames += codes.shape[0]
+        req.samples_out += piece.numel()
+        return start, piece.float().cpu()
+
+    def _decode_window(self, req: _Req, codes: torch.Tensor) -> torch.Tensor:
+        s, n = req.num_frames, codes.shape[0]
+        ctx = min(self.ctx, s)
+        left = _tail_frames(req.frames, ctx)
+        window = torch.cat([left, codes], dim=0) if ctx else codes
+        req.frames.append(codes)
+        _trim(req.frames, self.ctx)
+        w = self.model(window.T.unsqueeze(0).to(self.device)).reshape(-1)
+        if ctx == 0:
+            return w
+        tail = (n + ctx) * self.samples_per_frame - w.numel()
+        return w[ctx * self.samples_per_frame - tail:]
+
+    @torch.inference_mode()
+    def decode_all(self, codes: torch.Tensor) -> torch.Tensor:
+        """One-shot decode of a whole request's frames [n, 16] (the sync reference)."""
+        if codes.shape[0] == 0:
+            return torch.empty(0, dtype=torch.float32)
+        return self.model(codes.T.unsqueeze(0).to(self.device)).reshape(-1).float().cpu()
+
+
+def _tail_frames(pieces: list[torch.Tensor], n: int) -> torch.Tensor:
+    if n == 0:
+        return torch.empty((0, 16), dtype=torch.long)
+    return torch.cat(pieces, dim=0)[-n:]
+
+
+def _trim(pieces: list[torch.Tensor], keep: int) -> None:
+    """Drop pieces no longer needed as left context (keeps memory bounded per request)."""
+    total = sum(p.shape[0] for p in pieces)
+    while pieces and total - pieces[0].shape[0] >= keep:
+        total -= pieces.pop(0).shape[0]

@@ -1,0 +1,125 @@
+"""Thinker runner (transformers backend): continuous batching over per-request KV caches.
+
+Each ``step()`` advances every running request by one token: a request that has not been
+prefilled runs its prompt, the others decode one token. Requests join (``add_request``) and leave
+(finish or ``abort``) between steps; each owns its ``DynamicCache``, so a request's tokens do not
+depend on which others share the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from omni_ray.config.sampling import SamplingParams
+from omni_ray.payload import FinishReason
+from omni_ray.runners.sampling import make_generator, sample_token
+
+
+@dataclass
+class ThinkerStepOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: FinishReason
+    num_prompt_tokens: int
+
+
+@dataclass
+class _Seq:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop_ids: frozenset[int]
+    generator: torch.Generator | None
+    output_ids: list[int] = field(default_factory=list)
+    cache: object = None
+    rope_delta: int = 0  # mrope offset of decode positions (0 for text-only prompts)
+
+    @property
+    def prefilled(self) -> bool:
+        return self.cache is not None
+
+
+class ThinkerRunner:
+    """Step loop that owns the thinker module."""
+
+    def __init__(self, thinker, *, eos_token_ids: list[int], max_num_seqs: int = 64,
+                 device: str = "cpu"):
+        self.model = thinker
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_num_seqs = max_num_seqs
+        self.device = device
+        self._seqs: dict[str, _Seq] = {}
+
+    # -- request lifecycle -------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                    max_tokens: int, stop_token_ids: list[int] | None = None) -> None:
+        if request_id in self._seqs:
+            raise ValueError(f"duplicate request_id {request_id!r}")
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        stop = self.eos_token_ids | frozenset(stop_token_ids or ())
+        self._seqs[request_id] = _Seq(request_id, list(prompt_ids), params, max_tokens, stop,
+                                      make_generator(params))
+
+    def abort(self, request_id: str) -> bool:
+        return self._seqs.pop(request_id, None) is not None
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._seqs)
+
+    def request_ids(self) -> list[str]:
+        return list(self._seqs)
+
+    # -- the step ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[ThinkerStepOutput]:
+        outputs = []
+        for seq in list(self._seqs.values())[: self.max_num_seqs]:
+            token = self._advance(seq)
+            seq.output_ids.append(token)
+            reason = FinishReason.NONE
+            if token in seq.stop_ids:
+                reason = FinishReason.STOP
+            elif len(seq.output_ids) >= seq.max_tokens:
+                reason = FinishReason.LENGTH
+            finished = reason != FinishReason.NONE
+            if finished:
+                del self._seqs[seq.request_id]  # frees its KV cache
+            outputs.append(ThinkerStepOutput(seq.request_id, [token], finished, reason,
+                                             len(seq.prompt_ids)))
+        return outputs
+
+    def _advance(self, seq: _Seq) -> int:
+        from transformers import DynamicCache
+
+        if not seq.prefilled:
+            ids = seq.prompt_ids
+            start = 0
+            seq.cache = DynamicCache(config=self.model.config.get_text_config())
+        else:
+            ids = seq.output_ids[-1:]
+            start = len(seq.prompt_ids) + len(seq.output_ids) - 1
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, position_ids=_positions(start, len(ids), seq.rope_delta,
+                                                                      self.device),
+                         cache=seq.cache, use_cache=True)
+        seq.cache = out.cache
+        return sample_token(out.logits[0, -1], seq.params, seq.output_ids, None, seq.generator)
+
+
+def _positions(start: int, length: int, rope_delta: int, device) -> torch.Tensor:
+    """[4, 1, length] position ids: text positions, then the 3 mrope rows (text-only prompt)."""
+    text = torch.arange(start, start + length, device=device).view(1, 1, -1)
+    return torch.cat([text, (text + rope_delta).expand(3, 1, -1)], dim=0)

@@ -1,0 +1,1 @@
+"""How chunks move between stages: Ray object-ref push (``ray_push``) and an in-process twin."""
