@@ -32,6 +32,7 @@ class TalkerStepOutput:
     frames: torch.Tensor          # [n, 16] int64: frames produced this step (n is 0 or 1)
     finished: bool
     finish_reason: FinishReason
+    error: str | None = None  # set when this request failed (finish_reason ERROR)
 
 
 @dataclass
@@ -146,10 +147,16 @@ class TalkerRunner:
         ready = [s for s in self._seqs.values() if s.ready()][: self.max_num_seqs]
         for seq in ready:
             frames = torch.empty((0, self.num_code_groups), dtype=torch.long)
-            if seq.cache is None:
-                self._prefill(seq)
-            else:
-                frames = self._decode(seq)
+            try:
+                if seq.cache is None:
+                    self._prefill(seq)
+                else:
+                    frames = self._decode(seq)
+            except Exception as e:  # one request's failure never touches the others
+                del self._seqs[seq.request_id]
+                outputs.append(TalkerStepOutput(seq.request_id, frames, True, FinishReason.ERROR,
+                                                f"{type(e).__name__}: {e}"))
+                continue
             reason = FinishReason.NONE
             if seq.codec_ids and seq.codec_ids[-1] == self.codec_eos:
                 reason = FinishReason.STOP

@@ -26,6 +26,7 @@ class ThinkerStepOutput:
     finished: bool
     finish_reason: FinishReason
     num_prompt_tokens: int
+    error: str | None = None  # set when this request failed (finish_reason ERROR)
 
 
 @dataclass
@@ -87,7 +88,13 @@ class ThinkerRunner:
     def step(self) -> list[ThinkerStepOutput]:
         outputs = []
         for seq in list(self._seqs.values())[: self.max_num_seqs]:
-            token = self._advance(seq)
+            try:
+                token = self._advance(seq)
+            except Exception as e:  # one request's failure never touches the others
+                del self._seqs[seq.request_id]
+                outputs.append(ThinkerStepOutput(seq.request_id, [], True, FinishReason.ERROR,
+                                                 len(seq.prompt_ids), f"{type(e).__name__}: {e}"))
+                continue
             seq.output_ids.append(token)
             reason = FinishReason.NONE
             if token in seq.stop_ids:

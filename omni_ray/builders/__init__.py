@@ -1,0 +1,1 @@
+"""Builders: validated args -> Serve Application."""

@@ -1,0 +1,133 @@
+"""Arguments of ``build_omni_app`` (Ray Serve's ``import_path`` + ``args`` convention).
+
+Validated once, at load: a bad value fails with a message naming the field. Everything a replica
+needs flows down from here explicitly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from omni_ray.config.pipeline import PipelineConfig
+from omni_ray.config.sampling import THINKER_GREEDY, TALKER_GREEDY, SamplingParams
+
+Backend = Literal["transformers", "vllm"]
+_SERVE_OPTION_KEYS = {
+    "num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests",
+    "ray_actor_options", "health_check_period_s", "health_check_timeout_s",
+    "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s", "user_config",
+    "placement_group_bundles", "placement_group_strategy", "request_router_config",
+}
+
+
+class EngineResources(BaseModel):
+    """Resources of the engine actor that owns a stage replica's model (the replica itself is
+    a light async front and takes none)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_cpus: float = Field(0, ge=0)
+    num_gpus: float = Field(0, ge=0)
+    resources: dict[str, float] = Field(default_factory=dict)
+
+
+class StageConfig(BaseModel):
+    """One stage: its backend, engine and Serve deployment options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Backend = "transformers"
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_num_seqs: int = Field(32, ge=1, le=4096)
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict,
+                                          description="passed through to the backend (vLLM)")
+    default_sampling: SamplingParams | None = None
+    engine_resources: EngineResources = Field(default_factory=EngineResources)
+    deployment_config: dict[str, Any] = Field(
+        default_factory=dict, description="passed through to serve.deployment (num_replicas, ...)")
+
+    @field_validator("deployment_config")
+    @classmethod
+    def _known_serve_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(v) - _SERVE_OPTION_KEYS)
+        if unknown:
+            raise ValueError(f"unknown Serve deployment option(s) {unknown}; "
+                             f"allowed: {sorted(_SERVE_OPTION_KEYS)}")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not (v == "cpu" or v == "cuda" or v.startswith("cuda:")):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {v!r}")
+        return v
+
+
+class LimitsConfig(BaseModel):
+    """Input limits; each violation is answered with a 4xx naming the limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    max_messages: int = Field(64, ge=1)
+    max_prompt_tokens: int = Field(4096, ge=1)
+    max_tokens: int = Field(1024, ge=1, description="upper bound of a request's max_tokens")
+    default_max_tokens: int = Field(64, ge=1)
+    max_audio_frames: int = Field(1500, ge=1, description="upper bound on 80 ms codec frames")
+    default_max_audio_frames: int = Field(600, ge=1)
+    max_concurrent_requests_per_key: int = Field(0, ge=0, description="0: unlimited")
+
+
+class SecurityConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    api_keys: list[str] = Field(default_factory=list, repr=False,
+                                description="accepted Bearer keys; empty: no auth")
+    api_keys_env: str | None = Field("OMNI_RAY_API_KEYS",
+                                     description="env var with comma-separated keys, if set")
+    enable_debug_endpoints: bool = False
+    enable_metrics_endpoint: bool = False
+    log_prompts: bool = False
+    allow_fault_injection: bool = Field(False, description="tests only: x-omni-fault header")
+
+
+class OmniServingArgs(BaseModel):
+    """Everything ``build_omni_app`` needs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("tiny", description="checkpoint dir, or 'tiny' for the embedded default")
+    model_id: str = Field("qwen3-omni", min_length=1, description="name served in /v1/models")
+    make_tiny_if_missing: bool = True
+    max_model_len: int = Field(8192, ge=16)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    thinker: StageConfig = Field(default_factory=lambda: StageConfig(default_sampling=THINKER_GREEDY))
+    talker: StageConfig = Field(default_factory=lambda: StageConfig(default_sampling=TALKER_GREEDY))
+    code2wav: StageConfig = Field(default_factory=StageConfig)
+    ingress_deployment_config: dict[str, Any] = Field(default_factory=dict)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+    default_speaker: str = "ethan"
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "OmniServingArgs":
+        if self.talker.backend == "vllm" or self.code2wav.backend == "vllm":
+            raise ValueError("talker.backend / code2wav.backend: only 'transformers' is available "
+                             "for these stages so far (thinker.backend may be 'vllm')")
+        if self.limits.default_max_tokens > self.limits.max_tokens:
+            raise ValueError("limits.default_max_tokens must be <= limits.max_tokens")
+        if self.limits.default_max_audio_frames > self.limits.max_audio_frames:
+            raise ValueError("limits.default_max_audio_frames must be <= limits.max_audio_frames")
+        if self.model != "tiny" and not self.make_tiny_if_missing and not Path(self.model).exists():
+            raise ValueError(f"model: no checkpoint directory at {self.model!r}")
+        return self
+
+    def resolved_model_dir(self) -> str:
+        """The checkpoint path every replica loads ('tiny' maps to the embedded default)."""
+        from omni_ray.constants import default_model_dir
+
+        return str(default_model_dir()) if self.model == "tiny" else self.model

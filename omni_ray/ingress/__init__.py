@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP ingress: API models, routes, SSE framing, error mapping."""

@@ -1,0 +1,82 @@
+"""The subset of OpenAI's Chat Completions API that omni_ray serves (text and audio out)."""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class InputAudio(BaseModel):
+    data: str = Field(description="base64 audio")
+    format: Literal["wav", "mp3"]
+
+
+class InputAudioPart(BaseModel):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class ImageURL(BaseModel):
+    url: str
+    detail: str | None = None
+
+
+class ImageURLPart(BaseModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Union[TextPart, InputAudioPart, ImageURLPart]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+
+
+class AudioParams(BaseModel):
+    voice: str
+    format: Literal["wav", "pcm16"] = "wav"
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """Unknown fields are ignored, as OpenAI-compatible servers usually do."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioParams | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    max_audio_frames: int | None = Field(None, ge=1, description="omni_ray extension: 80 ms frames")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=1)
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

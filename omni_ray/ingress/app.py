@@ -1,0 +1,328 @@
+"""The OpenAI-compatible ingress deployment (FastAPI).
+
+Routes: ``POST /v1/chat/completions`` (text and/or audio out, streaming or not),
+``GET /v1/models``, ``GET /health``, ``GET /debug/stats`` (off unless enabled). Python callers
+use ``generate`` through a ``DeploymentHandle`` (``handle.options(stream=True)``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from omni_ray.config.request import OmniRequest
+from omni_ray.config.sampling import SamplingParams
+from omni_ray.config.serving import OmniServingArgs
+from omni_ray.ingress.api_models import ChatCompletionRequest, TextPart
+from omni_ray.ingress.detok import Detokenizer
+from omni_ray.ingress.errors import (
+    APIError,
+    api_error_handler,
+    bad_request,
+    unhandled_error_handler,
+    validation_error_handler,
+)
+from omni_ray.ingress.pipeline_client import PipelineClient, StageError
+from omni_ray.payload import AudioChunk, FinishReason, TextDelta
+
+logger = logging.getLogger("ray.serve")
+
+app = FastAPI(title="omni_ray", version="0.1.0",
+              description="OpenAI-compatible omni model serving on Ray Serve")
+app.add_exception_handler(APIError, api_error_handler)
+app.add_exception_handler(RequestValidationError, validation_error_handler)
+app.add_exception_handler(Exception, unhandled_error_handler)
+
+OPEN_PATHS = ("/health", "/", "/playground", "/static/")
+
+
+@app.middleware("http")
+async def _guard(request: Request, call_next):
+    """API keys (constant-time compare) and the request body limit, before any parsing."""
+    guard = getattr(request.app.state, "guard", None)
+    if guard is not None:
+        err = guard.check(request)
+        if err is not None:
+            return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    return await call_next(request)
+
+
+class Guard:
+    def __init__(self, keys: list[str], max_body_bytes: int):
+        self.keys = [k.encode() for k in keys if k]
+        self.max_body_bytes = max_body_bytes
+
+    def check(self, request: Request) -> APIError | None:
+        path = request.url.path
+        is_open = path in OPEN_PATHS[:-1] or path.startswith(OPEN_PATHS[-1])
+        if self.keys and not is_open:
+            auth = request.headers.get("authorization", "")
+            token = auth[7:].encode() if auth.lower().startswith("bearer ") else b""
+            ok = False
+            for k in self.keys:  # every key compared, in constant time
+                ok |= hmac.compare_digest(token, k)
+            if not ok:
+                return APIError(401, "missing or invalid API key (Authorization: Bearer <key>)",
+                                type="authentication_error", code="invalid_api_key")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            return APIError(413, f"request body over limits.max_body_bytes={self.max_body_bytes}",
+                            param="body", code="body_too_large")
+        return None
+
+
+class OmniIngress:
+    """Undecorated; ``build_omni_app`` applies ``serve.ingress(app)`` and ``serve.deployment``."""
+
+    def __init__(self, thinker, talker, code2wav, args: OmniServingArgs | dict):
+        from omni_ray.models.loading import load_omni_config
+        from omni_ray.models.tiny import ensure_tiny_checkpoint
+        from omni_ray.models.tokenizer import load_tokenizer
+
+        self.args = OmniServingArgs.model_validate(args)
+        model_dir = self.args.resolved_model_dir()
+        if self.args.model == "tiny":
+            ensure_tiny_checkpoint(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
+        cfg = load_omni_config(model_dir)
+        self.speakers = sorted(k.lower() for k in cfg.talker_config.speaker_id)
+        self.client = PipelineClient(thinker, talker, code2wav)
+        self.stage_handles = dict(thinker=thinker, talker=talker, code2wav=code2wav)
+        sec = self.args.security
+        keys = list(sec.api_keys)
+        if sec.api_keys_env and os.environ.get(sec.api_keys_env):
+            keys += [k.strip() for k in os.environ[sec.api_keys_env].split(",") if k.strip()]
+        app.state.guard = Guard(keys, self.args.limits.max_body_bytes)
+        self.created = int(time.time())
+
+    # -- routes --------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health(self) -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.args.model_id, "object": "model",
+                                            "created": self.created, "owned_by": "omni_ray"}]}
+
+    @app.get("/debug/stats")
+    async def debug_stats(self) -> dict:
+        if not self.args.security.enable_debug_endpoints:
+            raise APIError(404, "debug endpoints are off (security.enable_debug_endpoints)",
+                           type="not_found_error")
+        out = {}
+        for name, h in self.stage_handles.items():
+            out[name] = await h.stats.remote()
+        return out
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request):
+        fault = request.headers.get("x-omni-fault") if self.args.security.allow_fault_injection else None
+        req, audio_format = self._to_request(body)
+        logger.info("request %s: modalities=%s stream=%s", req.request_id, req.modalities, body.stream)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(self._sse(req, include_usage, fault),
+                                     media_type="text/event-stream")
+        return JSONResponse(await self._complete(req, audio_format, fault))
+
+    # -- Python API (DeploymentHandle) -----------------------------------------------------------
+    async def generate(self, body: dict) -> AsyncIterator[dict]:
+        """Stream ``{"type": "text"|"audio"|"done", ...}`` events for an OpenAI-style body.
+
+        ``audio`` events carry ``pcm16`` bytes (24 kHz mono) and ``start_sample``; ``done`` carries
+        ``finish_reason`` and ``usage``. Invalid bodies raise ``ValueError``.
+        """
+        try:
+            parsed = ChatCompletionRequest.model_validate(body)
+            req, _ = self._to_request(parsed)
+        except APIError as e:
+            raise ValueError(e.message) from None
+        async for ev in self._events(req, None):
+            yield ev
+
+    # -- internals -------------------------------------------------------------------------------
+    def _to_request(self, body: ChatCompletionRequest) -> tuple[OmniRequest, str]:
+        lim = self.args.limits
+        if body.model != self.args.model_id:
+            raise APIError(404, f"model {body.model!r} not found; this server serves "
+                                f"{self.args.model_id!r}", param="model", type="invalid_request_error",
+                           code="model_not_found")
+        if len(body.messages) > lim.max_messages:
+            raise bad_request(f"messages: at most limits.max_messages={lim.max_messages} allowed",
+                              "messages")
+        modalities = tuple(body.modalities or ["text"])
+        if len(set(modalities)) != len(modalities):
+            raise bad_request("modalities: duplicate entries", "modalities")
+        speaker, audio_format = self.args.default_speaker, "wav"
+        if body.audio is not None:
+            speaker, audio_format = body.audio.voice.lower(), body.audio.format
+        if "audio" in modalities and speaker not in self.speakers:
+            raise bad_request(f"audio.voice: unknown voice {speaker!r}; available: {self.speakers}",
+                              "audio.voice")
+        messages = [self._message_text(i, m) for i, m in enumerate(body.messages)]
+        if not any(m["role"] == "user" for m in messages):
+            raise bad_request("messages: at least one user message is required", "messages")
+        from omni_ray.models.tokenizer import encode_chat
+
+        prompt_ids = encode_chat(self.tokenizer, messages)
+        max_tokens = body.max_completion_tokens or body.max_tokens or lim.default_max_tokens
+        if max_tokens > lim.max_tokens:
+            raise bad_request(f"max_tokens: {max_tokens} is over limits.max_tokens={lim.max_tokens}",
+                              "max_tokens")
+        if len(prompt_ids) > lim.max_prompt_tokens:
+            raise bad_request(f"messages: prompt has {len(prompt_ids)} tokens, over "
+                              f"limits.max_prompt_tokens={lim.max_prompt_tokens}", "messages",
+                              code="context_length_exceeded")
+        if len(prompt_ids) + max_tokens > self.args.max_model_len:
+            raise bad_request(f"messages: prompt ({len(prompt_ids)} tokens) + max_tokens "
+                              f"({max_tokens}) exceeds the model's length {self.args.max_model_len}",
+                              "messages", code="context_length_exceeded")
+        frames = body.max_audio_frames or lim.default_max_audio_frames
+        if frames > lim.max_audio_frames:
+            raise bad_request(f"max_audio_frames: {frames} is over limits.max_audio_frames="
+                              f"{lim.max_audio_frames}", "max_audio_frames")
+        thinker = self.args.thinker.default_sampling or SamplingParams()
+        over = {k: v for k, v in dict(temperature=body.temperature, top_p=body.top_p,
+                                      seed=body.seed).items() if v is not None}
+        if over:
+            thinker = thinker.model_copy(update=over)
+        talker = self.args.talker.default_sampling or SamplingParams()
+        if body.seed is not None and not talker.greedy:
+            talker = talker.model_copy(update={"seed": body.seed})
+        req = OmniRequest(request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt_token_ids=prompt_ids,
+                          modalities=modalities, speaker=speaker, max_tokens=max_tokens,
+                          max_audio_frames=frames, thinker_sampling=thinker, talker_sampling=talker)
+        return req, audio_format
+
+    def _message_text(self, i: int, m) -> dict:
+        role = "system" if m.role == "developer" else m.role
+        if m.content is None or m.content == "" or m.content == []:
+            raise bad_request(f"messages.{i}.content: must not be empty", f"messages.{i}.content")
+        if isinstance(m.content, str):
+            return {"role": role, "content": m.content}
+        texts = []
+        for j, part in enumerate(m.content):
+            if not isinstance(part, TextPart):
+                raise bad_request(f"messages.{i}.content.{j}: content part type {part.type!r} is not "
+                                  "supported by this deployment", f"messages.{i}.content.{j}.type",
+                                  code="unsupported_content")
+            texts.append(part.text)
+        return {"role": role, "content": "".join(texts)}
+
+    async def _events(self, req: OmniRequest, fault: str | None) -> AsyncIterator[dict]:
+        """The request's stream as plain events: text deltas, audio pieces, then done."""
+        detok = Detokenizer(self.tokenizer)
+        n_out, reason = 0, FinishReason.NONE
+        if fault:
+            await self._inject(req, fault)
+        async for item in self.client.run(req):
+            if isinstance(item, TextDelta):
+                n_out += len(item.token_ids)
+                text = detok.add(item.token_ids, item.finished)
+                if text:
+                    yield {"type": "text", "delta": text}
+                if item.finished:
+                    reason = item.finish_reason
+            elif isinstance(item, AudioChunk):
+                from omni_ray.audio import to_pcm16
+
+                yield {"type": "audio", "seq": item.seq, "start_sample": item.start_sample,
+                       "num_samples": int(item.samples.numel()), "pcm16": to_pcm16(item.samples),
+                       "samples": item.samples}
+        usage = {"prompt_tokens": len(req.prompt_token_ids), "completion_tokens": n_out,
+                 "total_tokens": len(req.prompt_token_ids) + n_out}
+        yield {"type": "done", "finish_reason": _finish(reason), "usage": usage,
+               "text": detok.text}
+
+    async def _inject(self, req: OmniRequest, stage: str) -> None:
+        """Tests only: make ``stage`` fail this request (``x-omni-fault`` header)."""
+        import asyncio
+
+        handle = self.stage_handles.get(stage)
+        if handle is None:
+            raise bad_request(f"x-omni-fault: unknown stage {stage!r}", "x-omni-fault")
+
+        async def later():
+            await asyncio.sleep(0.3)
+            await handle.fail_next_step.remote(req.request_id)
+
+        asyncio.get_running_loop().create_task(later())
+
+    async def _complete(self, req: OmniRequest, audio_format: str, fault) -> dict:
+        import torch
+
+        from omni_ray.audio import to_pcm16, wav_bytes
+
+        text, pieces, done = "", [], None
+        try:
+            async for ev in self._events(req, fault):
+                if ev["type"] == "text":
+                    text += ev["delta"]
+                elif ev["type"] == "audio":
+                    pieces.append(ev["samples"])
+                else:
+                    done = ev
+        except StageError as e:
+            raise APIError(500, f"request {req.request_id} failed: {e}", type="server_error") from e
+        message: dict = {"role": "assistant", "content": text if "text" in req.modalities else None}
+        if req.wants_audio:
+            samples = torch.cat(pieces) if pieces else torch.empty(0)
+            data = wav_bytes(samples) if audio_format == "wav" else to_pcm16(samples)
+            message["audio"] = {"id": f"audio_{req.request_id[9:]}",
+                                "data": base64.b64encode(data).decode(),
+                                "expires_at": int(time.time()) + 3600, "transcript": done["text"]}
+        return {"id": req.request_id, "object": "chat.completion", "created": int(time.time()),
+                "model": self.args.model_id,
+                "choices": [{"index": 0, "message": message, "finish_reason": done["finish_reason"]}],
+                "usage": done["usage"]}
+
+    async def _sse(self, req: OmniRequest, include_usage: bool, fault) -> AsyncIterator[str]:
+        created = int(time.time())
+        base = {"id": req.request_id, "object": "chat.completion.chunk", "created": created,
+                "model": self.args.model_id}
+
+        def chunk(delta: dict, finish=None) -> str:
+            body = dict(base, choices=[{"index": 0, "delta": delta, "finish_reason": finish}])
+            return f"data: {json.dumps(body)}\n\n"
+
+        audio_id = f"audio_{req.request_id[9:]}"
+        pending_transcript = ""
+        yield chunk({"role": "assistant", "content": ""})
+        try:
+            async for ev in self._events(req, fault):
+                if ev["type"] == "text":
+                    if "text" in req.modalities:
+                        yield chunk({"content": ev["delta"]})
+                    pending_transcript += ev["delta"]
+                elif ev["type"] == "audio":
+                    yield chunk({"audio": {"id": audio_id,
+                                           "data": base64.b64encode(ev["pcm16"]).decode(),
+                                           "transcript": pending_transcript}})
+                    pending_transcript = ""
+                else:
+                    if pending_transcript and req.wants_audio:
+                        yield chunk({"audio": {"id": audio_id, "data": "",
+                                               "transcript": pending_transcript}})
+                    yield chunk({}, ev["finish_reason"])
+                    if include_usage:
+                        yield f"data: {json.dumps(dict(base, choices=[], usage=ev['usage']))}\n\n"
+        except StageError as e:
+            logger.warning("request %s failed: %s", req.request_id, e)
+            err = APIError(500, f"request {req.request_id} failed: {e}", type="server_error")
+            yield f"data: {json.dumps(err.body())}\n\n"
+        yield "data: [DONE]\n\n"
+
+
+def _finish(reason: FinishReason) -> str:
+    return "length" if reason == FinishReason.LENGTH else "stop"

@@ -1,0 +1,44 @@
+"""Errors in OpenAI's schema: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+
+class APIError(Exception):
+    """An error answered with ``status`` and OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 type: str = "invalid_request_error", code: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def validation_error_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
+    errs = exc.errors()
+    first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    msg = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+    return JSONResponse(APIError(400, msg, param=param).body(), status_code=400)
+
+
+async def unhandled_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}",
+                                 type="server_error").body(), status_code=500)

@@ -1,0 +1,233 @@
+"""The engine actor: owns one stage replica's model and runs its step loop.
+
+A Serve replica creates one ``StageEngine`` actor and is its control plane; the data plane runs
+between engine actors: the upstream engine pushes chunks straight into ``push`` here, and this
+engine pushes its own output to the next stage's engine. The runner lives on one thread
+(``_loop_thread``); everything else (request table, senders, output queues) lives on the actor's
+asyncio loop, and the two talk through a command queue and ``call_soon_threadsafe``.
+
+Streaming convention of ``stream(request_id)``: yields encoded payload chunks (``TextDelta`` from
+the thinker, ``AudioChunk`` from code2wav, nothing from the talker) and ends after the request's
+final item; a failed request raises ``StageRequestError`` from the generator instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from omni_ray.config.request import OmniRequest
+from omni_ray.payload import decode_chunk, encode_chunk
+from omni_ray.stages.logic import Emit, StageRequestError, build_stage_logic
+from omni_ray.transport.ray_push import ChunkSender, Reorderer
+
+_END = object()
+
+
+@dataclass
+class _ReqState:
+    request_id: str
+    out: asyncio.Queue
+    sender: ChunkSender | None
+    reorder: Reorderer = field(default_factory=Reorderer)
+    finished: bool = False
+    aborted: bool = False
+    t_added: float = field(default_factory=time.monotonic)
+
+
+class StageEngine:
+    """Ray actor body (created with ``ray.remote(StageEngine).options(...)`` by the replica)."""
+
+    def __init__(self, stage: str, model_dir: str, stage_cfg, pipeline, max_model_len: int = 8192):
+        self.stage = stage
+        self.pipeline = pipeline
+        self.logic = build_stage_logic(stage, model_dir, stage_cfg, pipeline, max_model_len)
+        self._cmds: queue.SimpleQueue = queue.SimpleQueue()
+        self._reqs: dict[str, _ReqState] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._dead: BaseException | None = None
+        self.counters = dict(steps=0, chunks_in=0, bytes_in=0, chunks_out=0, aborts=0, errors=0)
+
+    # -- control plane (called by the Serve replica) ----------------------------------------
+    async def ready(self) -> str:
+        self._ensure_thread()
+        return self.stage
+
+    async def add_request(self, request: OmniRequest, downstream=None) -> None:
+        """Register a request; raises ValueError for invalid input (the caller maps it to 4xx)."""
+        self._ensure_thread()
+        rid = request.request_id
+        if rid in self._reqs:
+            raise ValueError(f"duplicate request_id {rid!r}")
+        sender = (ChunkSender(downstream, self.pipeline.max_chunks_in_flight)
+                  if downstream is not None else None)
+        self._reqs[rid] = _ReqState(rid, asyncio.Queue(), sender)
+        try:
+            await self._call(lambda: self.logic.add(request, downstream is not None))
+        except BaseException:
+            self._drop(rid)
+            raise
+
+    async def stream(self, request_id: str):
+        """Async generator of this request's encoded output items (see module docstring)."""
+        st = self._reqs.get(request_id)
+        if st is None:
+            raise KeyError(f"unknown request {request_id!r}")
+        try:
+            while True:
+                item = await st.out.get()
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+            if st.sender is not None and not st.aborted:
+                await st.sender.wait()  # every push acknowledged: no ref outlives the request
+        finally:
+            if not st.finished:
+                await self.abort(request_id)
+            self._drop(request_id)
+
+    async def abort(self, request_id: str) -> bool:
+        st = self._reqs.get(request_id)
+        if st is None:
+            return False
+        self.counters["aborts"] += 1
+        await self._call(lambda: self.logic.abort(request_id))
+        self._drop(request_id)
+        return True
+
+    async def fail_next_step(self, request_id: str) -> None:
+        """Fault injection for tests: the request fails at this stage's next step."""
+        await self._call(lambda: self.logic.fail_next_step(request_id))
+
+    async def stats(self) -> dict:
+        return dict(
+            stage=self.stage,
+            requests=len(self._reqs),
+            runner_requests=await self._call(self.logic.num_requests),
+            senders_in_flight=sum(s.sender.in_flight for s in self._reqs.values() if s.sender),
+            held_chunks=sum(s.reorder.held for s in self._reqs.values()),
+            **self.counters,
+        )
+
+    # -- data plane (called by the upstream engine) ------------------------------------------
+    async def push(self, buf) -> bool:
+        """Accept one encoded chunk; False if the request is unknown here (finished/aborted)."""
+        chunk = decode_chunk(buf)
+        self.counters["chunks_in"] += 1
+        self.counters["bytes_in"] += int(getattr(buf, "nbytes", len(buf)))
+        st = self._reqs.get(chunk.request_id)
+        if st is None or st.finished:
+            return False
+        for c in st.reorder.add(chunk):
+            self._cmds.put(("chunk", c, None))
+        return True
+
+    # -- the step loop -----------------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._thread = threading.Thread(target=self._run, name=f"{self.stage}-loop",
+                                            daemon=True)
+            self._thread.start()
+        if self._dead is not None:
+            raise RuntimeError(f"{self.stage} engine loop died: {self._dead!r}")
+
+    async def _call(self, fn):
+        """Run ``fn`` on the loop thread (the only thread touching the runner)."""
+        fut = self._loop.create_future()
+        self._cmds.put(("call", fn, fut))
+        return await fut
+
+    def _run(self) -> None:
+        try:
+            while True:
+                # 1) Apply commands; block only when there is nothing to step.
+                block = not self.logic.has_work()
+                while True:
+                    try:
+                        kind, arg, fut = self._cmds.get(block=block, timeout=None)
+                    except queue.Empty:
+                        break
+                    block = False
+                    emits = self._apply(kind, arg, fut)
+                    self._dispatch(emits)
+                # 2) One step of the runner over every ready request.
+                if self.logic.has_work():
+                    emits = self.logic.step()
+                    self.counters["steps"] += 1
+                    self._dispatch(emits)
+        except BaseException as e:  # the loop itself broke: fail everything, loudly
+            self._dead = e
+            self._loop.call_soon_threadsafe(self._fail_all, e)
+
+    def _apply(self, kind, arg, fut) -> list[Emit]:
+        if kind == "call":
+            try:
+                result = arg()
+            except BaseException as e:
+                self._loop.call_soon_threadsafe(_set_exc, fut, e)
+            else:
+                self._loop.call_soon_threadsafe(_set_result, fut, result)
+            return []
+        return self.logic.on_chunk(arg)  # "chunk"
+
+    def _dispatch(self, emits: list[Emit]) -> None:
+        if emits:
+            self._loop.call_soon_threadsafe(self._route, emits)
+
+    # -- on the asyncio loop -----------------------------------------------------------------
+    def _route(self, emits: list[Emit]) -> None:
+        for e in emits:
+            st = self._reqs.get(e.request_id)
+            if st is None:
+                continue  # aborted meanwhile
+            if e.error is not None:
+                self.counters["errors"] += 1
+                st.finished = True
+                if st.sender is not None:
+                    st.sender.cancel()
+                st.out.put_nowait(StageRequestError(f"{self.stage}: {e.error}"))
+                continue
+            if e.target == "down":
+                st.sender.send(e.item)
+                if e.final:
+                    st.sender.close()
+            else:
+                if e.item is not None:
+                    self.counters["chunks_out"] += 1
+                    st.out.put_nowait(encode_chunk(e.item))
+                if e.final:
+                    st.finished = True
+                    st.out.put_nowait(_END)
+
+    def _drop(self, request_id: str) -> None:
+        st = self._reqs.pop(request_id, None)
+        if st is None:
+            return
+        if not st.finished:
+            st.aborted = True
+            st.finished = True
+            st.out.put_nowait(_END)  # wakes a stream() still waiting on this request
+        if st.sender is not None and not st.sender.done:
+            st.sender.cancel()
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for st in self._reqs.values():
+            st.finished = True
+            st.out.put_nowait(StageRequestError(f"{self.stage} engine loop died: {exc!r}"))
+
+
+def _set_result(fut, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exc(fut, exc) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

@@ -1,0 +1,92 @@
+"""Serve deployments of the three stages (undecorated; ``builders`` applies ``serve.deployment``).
+
+A replica creates its engine actor (which loads the model) and handles the control plane:
+
+``open(request, downstream)`` is a streaming method. It registers the request with the engine,
+yields the engine's actor handle first (the ingress passes it to the upstream stage, so all of a
+request's chunks for this stage reach this replica), then yields the request's encoded output
+items until the end. Cancelling the call (client gone, ingress abort) aborts the request in the
+engine; an engine error ends the stream with ``StageRequestError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from omni_ray.config.request import OmniRequest
+from omni_ray.config.serving import OmniServingArgs
+
+logger = logging.getLogger("ray.serve")
+
+
+class StageServer:
+    stage: str = ""
+
+    def __init__(self, args: OmniServingArgs | dict):
+        import ray
+
+        from omni_ray.stages.engine import StageEngine
+
+        args = OmniServingArgs.model_validate(args)
+        cfg = getattr(args, self.stage)
+        model_dir = args.resolved_model_dir()
+        if args.model == "tiny" or args.make_tiny_if_missing:
+            from omni_ray.models.tiny import ensure_tiny_checkpoint
+            from pathlib import Path
+
+            if args.model == "tiny" or not Path(model_dir).exists():
+                ensure_tiny_checkpoint(model_dir)
+        res = cfg.engine_resources
+        options = dict(num_cpus=res.num_cpus, num_gpus=res.num_gpus, resources=res.resources,
+                       max_concurrency=1000, name=None)
+        pg = ray.util.get_current_placement_group()
+        if pg is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                pg, placement_group_bundle_index=len(pg.bundle_specs) - 1)
+        self.engine = ray.remote(StageEngine).options(**options).remote(
+            self.stage, model_dir, cfg, args.pipeline, args.max_model_len)
+        self._ready = self.engine.ready.remote()
+
+    async def open(self, request: OmniRequest, downstream=None):
+        await self._ready
+        rid = request.request_id
+        await self.engine.add_request.remote(request, downstream)
+        try:
+            yield self.engine
+            gen = self.engine.stream.options(num_returns="streaming").remote(rid)
+            async for ref in gen:
+                yield await ref
+        except (asyncio.CancelledError, GeneratorExit):
+            self.engine.abort.remote(rid)  # fire and forget: we are being cancelled
+            raise
+
+    async def abort(self, request_id: str) -> bool:
+        return await self.engine.abort.remote(request_id)
+
+    async def fail_next_step(self, request_id: str) -> None:
+        await self.engine.fail_next_step.remote(request_id)
+
+    async def stats(self) -> dict:
+        await self._ready
+        return await self.engine.stats.remote()
+
+    async def check_health(self) -> None:
+        await asyncio.wait_for(self.engine.ready.remote(), timeout=30)
+
+
+class ThinkerServer(StageServer):
+    stage = "thinker"
+
+
+class TalkerServer(StageServer):
+    stage = "talker"
+
+
+class Code2WavServer(StageServer):
+    stage = "code2wav"
+
+
+STAGE_SERVERS = {"thinker": ThinkerServer, "talker": TalkerServer, "code2wav": Code2WavServer}
