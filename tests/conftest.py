@@ -39,6 +39,12 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
+def get_free_port():
+    """A function returning a free TCP port on 127.0.0.1."""
+    return free_port
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray cluster for the session (ray.shutdown also ends Serve)."""
     import ray

@@ -26,6 +26,7 @@ OMNI_SPECIAL_TOKENS = {
     151674: "<tts_text_bos_single>",
     151675: "<|audio_pad|>",
 }
+AUDIO_GAIN = 3.0e5
 SPEAKERS = {"chelsie": 2301, "ethan": 2302, "aiden": 2303}
 # Attention heads are 64 wide: vLLM's CPU attention rejects smaller ones.
 _HEAD_DIM = 64
@@ -149,6 +150,11 @@ def make_tiny_checkpoint(out_dir: str | os.PathLike, seed: int = 0) -> Path:
         for name, p in sorted(model.named_parameters()):
             if "experts" in name or not torch.isfinite(p).all():
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+        # Random init leaves code2wav's output near 1e-6 (silent as PCM16); scale the final conv
+        # so the waveform peaks around 0.1-0.5: audible noise, and PCM16 comparisons mean something.
+        final = model.code2wav.decoder[-1].conv
+        final.weight.mul_(AUDIO_GAIN)
+        final.bias.mul_(AUDIO_GAIN)
     model.save_pretrained(out, safe_serialization=True)
     write_tokenizer(out)
     return out

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The main job on the embedded default (tiny Qwen3-Omni, CPU): install what is missing, start the
+# Serve app, send one chat request with text + audio output through the openai client, write the
+# audio to out/answer.wav, print the text and the time to first audio, stop the app.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+export RAY_AUTH_MODE=disabled PATH="$PWD/.venv/bin:$PATH"
+mkdir -p out
+serve run serve_configs/tiny_omni.yaml > out/serve.log 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; ray stop --force >/dev/null 2>&1 || true' EXIT
+for _ in $(seq 1 240); do
+  curl -sf http://127.0.0.1:8000/health >/dev/null 2>&1 && break
+  kill -0 $pid 2>/dev/null || { cat out/serve.log; exit 1; }
+  sleep 1
+done
+python examples/chat_client.py --url http://127.0.0.1:8000/v1 --out out/answer.wav "$@"

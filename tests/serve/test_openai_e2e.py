@@ -1,0 +1,130 @@
+"""End to end over real HTTP with the openai client: modalities, streaming, equality of audio."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+import io
+import wave
+
+import numpy as np
+import pytest
+from openai import OpenAI
+
+pytestmark = pytest.mark.slow
+
+MODES = ("async_chunk", "sync")
+PROMPT = "Hello there, how are you?"
+
+
+def client(url: str) -> OpenAI:
+    return OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def ask(url, text=PROMPT, modalities=("text", "audio"), stream=False, voice="chelsie",
+        max_tokens=16, frames=40):
+    """One request; returns (text, pcm16 int16 array or None, finish_reason, usage)."""
+    c = client(url)
+    kw = dict(model="qwen3-omni", messages=[{"role": "user", "content": text}],
+              modalities=list(modalities), max_tokens=max_tokens,
+              extra_body={"max_audio_frames": frames})
+    if "audio" in modalities:
+        kw["audio"] = {"voice": voice, "format": "pcm16" if stream else "wav"}
+    if not stream:
+        r = c.chat.completions.create(**kw)
+        msg = r.choices[0].message
+        pcm = None
+        if msg.audio is not None:
+            with wave.open(io.BytesIO(base64.b64decode(msg.audio.data))) as w:
+                assert w.getframerate() == 24000 and w.getsampwidth() == 2
+                pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+        return msg.content, pcm, r.choices[0].finish_reason, r.usage
+    text, pcm, finish, usage = [], [], None, None
+    for ch in c.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        usage = ch.usage or usage
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        finish = ch.choices[0].finish_reason or finish
+        if d.content:
+            text.append(d.content)
+        data = audio_data(d)
+        if data:
+            pcm.append(np.frombuffer(base64.b64decode(data), dtype="<i2"))
+    joined = np.concatenate(pcm) if pcm else None
+    return ("".join(text) if "text" in modalities else None), joined, finish, usage
+
+
+def audio_data(delta) -> str | None:
+    """``delta.audio.data`` (typed in openai >= 3, a plain extra field before)."""
+    audio = getattr(delta, "audio", None) or (delta.model_extra or {}).get("audio")
+    if audio is None:
+        return None
+    return audio.get("data") if isinstance(audio, dict) else audio.data
+
+
+def offline_answer(omni, text=PROMPT, voice="chelsie", max_tokens=16, frames=40):
+    from omni_ray.audio import to_pcm16
+    from omni_ray.config.request import OmniRequest
+
+    req = OmniRequest(request_id="ref", prompt_token_ids=omni.prompt_ids(text), speaker=voice,
+                      max_tokens=max_tokens, max_audio_frames=frames)
+    out = omni.generate(req)[0]
+    return out.text, np.frombuffer(to_pcm16(out.audio), dtype="<i2")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_streamed_audio_equals_nonstreamed_and_offline(serve_urls, offline, mode):
+    url = serve_urls[mode]
+    text_s, pcm_s, fin_s, usage_s = ask(url, stream=True)
+    text_n, pcm_n, fin_n, usage_n = ask(url, stream=False)
+    ref_text, ref_pcm = offline_answer(offline[mode])
+    assert text_s == text_n == ref_text
+    assert pcm_s is not None and pcm_s.size > 0
+    assert pcm_s.shape == pcm_n.shape == ref_pcm.shape
+    assert np.abs(pcm_s.astype(int) - pcm_n.astype(int)).max() <= 1
+    assert np.abs(pcm_s.astype(int) - ref_pcm.astype(int)).max() <= 1
+    assert np.abs(ref_pcm).max() > 1000  # audible: the comparison is not between silences
+    assert usage_s.completion_tokens == usage_n.completion_tokens == 16
+    assert fin_s == fin_n == "length"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("modalities", [("text",), ("audio",), ("text", "audio")])
+def test_every_modality_combination(serve_urls, mode, stream, modalities):
+    text, pcm, finish, usage = ask(serve_urls[mode], modalities=modalities, stream=stream,
+                                   max_tokens=8, frames=20)
+    assert finish in ("stop", "length")
+    assert usage.prompt_tokens > 0 and usage.completion_tokens == 8
+    if "text" in modalities:
+        assert text
+    else:
+        assert text is None
+    if "audio" in modalities:
+        assert pcm is not None and pcm.size > 0
+    else:
+        assert pcm is None
+
+
+def test_async_and_sync_apps_agree(serve_urls):
+    a = ask(serve_urls["async_chunk"], stream=True, voice="aiden")
+    s = ask(serve_urls["sync"], stream=True, voice="aiden")
+    assert a[0] == s[0]
+    assert a[1].shape == s[1].shape
+
+
+def test_concurrent_clients_get_their_alone_answers(serve_urls):
+    url = serve_urls["async_chunk"]
+    prompts = [f"Question number {i}: {'why ' * (i + 1)}?" for i in range(8)]
+    voices = ["ethan", "chelsie", "aiden"]
+    alone = [ask(url, p, voice=voices[i % 3], stream=True, max_tokens=6 + i, frames=15)
+             for i, p in enumerate(prompts)]
+    with cf.ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(
+            lambda ip: ask(url, ip[1], voice=voices[ip[0] % 3], stream=True, max_tokens=6 + ip[0],
+                           frames=15), enumerate(prompts)))
+    for a, t in zip(alone, together):
+        assert a[0] == t[0]
+        assert a[1].shape == t[1].shape
+        assert np.abs(a[1].astype(int) - t[1].astype(int)).max() <= 1
