@@ -6,7 +6,6 @@ needs flows down from here explicitly.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -122,9 +121,20 @@ class OmniServingArgs(BaseModel):
             raise ValueError("limits.default_max_tokens must be <= limits.max_tokens")
         if self.limits.default_max_audio_frames > self.limits.max_audio_frames:
             raise ValueError("limits.default_max_audio_frames must be <= limits.max_audio_frames")
-        if self.model != "tiny" and not self.make_tiny_if_missing and not Path(self.model).exists():
-            raise ValueError(f"model: no checkpoint directory at {self.model!r}")
         return self
+
+    def checkpoint_dir(self) -> str:
+        """The checkpoint to load, made first when it is the tiny default (or allowed to be)."""
+        from pathlib import Path
+
+        from omni_ray.models.tiny import ensure_tiny_checkpoint
+
+        path = self.resolved_model_dir()
+        if self.model == "tiny" or (self.make_tiny_if_missing and not Path(path).exists()):
+            ensure_tiny_checkpoint(path)
+        if not (Path(path) / "config.json").exists():
+            raise FileNotFoundError(f"model: no checkpoint directory at {path!r}")
+        return path
 
     def resolved_model_dir(self) -> str:
         """The checkpoint path every replica loads ('tiny' maps to the embedded default)."""

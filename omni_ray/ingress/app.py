@@ -86,13 +86,10 @@ class OmniIngress:
 
     def __init__(self, thinker, talker, code2wav, args: OmniServingArgs | dict):
         from omni_ray.models.loading import load_omni_config
-        from omni_ray.models.tiny import ensure_tiny_checkpoint
         from omni_ray.models.tokenizer import load_tokenizer
 
         self.args = OmniServingArgs.model_validate(args)
-        model_dir = self.args.resolved_model_dir()
-        if self.args.model == "tiny":
-            ensure_tiny_checkpoint(model_dir)
+        model_dir = self.args.checkpoint_dir()
         self.tokenizer = load_tokenizer(model_dir)
         cfg = load_omni_config(model_dir)
         self.speakers = sorted(k.lower() for k in cfg.talker_config.speaker_id)
@@ -135,6 +132,25 @@ class OmniIngress:
             return StreamingResponse(self._sse(req, include_usage, fault),
                                      media_type="text/event-stream")
         return JSONResponse(await self._complete(req, audio_format, fault))
+
+    # -- browser playground (omni_ray/ingress/playground.py; open paths in Guard) ---------------
+    @app.get("/", include_in_schema=False)
+    async def index(self):
+        from omni_ray.ingress import playground
+
+        return playground.page_response()
+
+    @app.get("/playground", include_in_schema=False)
+    async def playground_page(self):
+        from omni_ray.ingress import playground
+
+        return playground.page_response()
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def playground_static(self, name: str):
+        from omni_ray.ingress import playground
+
+        return playground.static_response(name)
 
     # -- Python API (DeploymentHandle) -----------------------------------------------------------
     async def generate(self, body: dict) -> AsyncIterator[dict]:

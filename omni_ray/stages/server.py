@@ -30,13 +30,7 @@ class StageServer:
 
         args = OmniServingArgs.model_validate(args)
         cfg = getattr(args, self.stage)
-        model_dir = args.resolved_model_dir()
-        if args.model == "tiny" or args.make_tiny_if_missing:
-            from omni_ray.models.tiny import ensure_tiny_checkpoint
-            from pathlib import Path
-
-            if args.model == "tiny" or not Path(model_dir).exists():
-                ensure_tiny_checkpoint(model_dir)
+        model_dir = args.checkpoint_dir()
         res = cfg.engine_resources
         options = dict(num_cpus=res.num_cpus, num_gpus=res.num_gpus, resources=res.resources,
                        max_concurrency=1000, name=None)
