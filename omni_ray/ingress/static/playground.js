@@ -1,0 +1,311 @@
+// omni_ray playground: streaming chat over the OpenAI-compatible API only
+// (GET v1/models, POST v1/chat/completions with stream: true). Text is shown as it arrives;
+// speech (pcm16, 24 kHz mono, little-endian) is decoded per chunk and scheduled back to back
+// with Web Audio, so playback starts with the first chunk.
+"use strict";
+
+(() => {
+  const SAMPLE_RATE = 24000;
+  const LEAD_S = 0.05; // schedule a little ahead of "now" so a chunk never starts in the past
+  const KEY_STORAGE = "omni_ray.playground.apiKey";
+  const MODALITIES = { text: ["text"], audio: ["audio"], both: ["text", "audio"] };
+  const $ = (id) => document.getElementById(id);
+
+  // What the metrics panel shows; tests read it as window.__playground.
+  const state = (window.__playground = {
+    status: "idle", model: null, error: null, requests: 0,
+    text: "", transcript: "", finishReason: null, usage: null,
+    firstTokenMs: null, firstAudioMs: null,
+    audioChunksScheduled: 0, audioSeconds: 0, playbackStarted: false,
+  });
+  const history = []; // this conversation, as OpenAI messages
+  let player = null; // {ctx, nextTime, sources}
+  let controller = null; // AbortController of the request in flight
+
+  // -- HTTP ------------------------------------------------------------------------------------
+  const url = (path) => new URL(path, document.baseURI).toString(); // keeps any route prefix
+
+  function headers(json) {
+    const h = {};
+    if (json) h["Content-Type"] = "application/json";
+    const key = $("api-key").value.trim();
+    if (key) h["Authorization"] = "Bearer " + key;
+    return h;
+  }
+
+  // An HTTP error as one line: OpenAI's {"error": {"message"}} when the body has it.
+  async function httpError(what, resp) {
+    let text = "";
+    try { text = await resp.text(); } catch (_) { /* body unreadable: status only */ }
+    let message = text.slice(0, 500);
+    try {
+      const body = JSON.parse(text);
+      if (body && body.error) message = body.error.message || JSON.stringify(body.error);
+    } catch (_) { /* not JSON: keep the raw text */ }
+    return new Error(`${what} failed (HTTP ${resp.status}): ${message || resp.statusText}`);
+  }
+
+  async function loadModels() {
+    const resp = await fetch(url("v1/models"), { headers: headers(false) });
+    if (!resp.ok) throw await httpError("GET /v1/models", resp);
+    const ids = ((await resp.json()).data || []).map((m) => m.id);
+    if (!ids.length) throw new Error("GET /v1/models returned no models");
+    const sel = $("model");
+    const keep = ids.includes(sel.value) ? sel.value : ids[0];
+    sel.replaceChildren(...ids.map((id) => new Option(id, id, false, id === keep)));
+    sel.disabled = false;
+    state.model = keep;
+    return keep;
+  }
+
+  // Calls onEvent(data) for each SSE event's data; stops after "[DONE]".
+  async function readSSE(resp, onEvent) {
+    const reader = resp.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = "";
+    let data = [];
+    for (;;) {
+      const { value, done } = await reader.read();
+      buf += decoder.decode(value || new Uint8Array(), { stream: !done });
+      const lines = buf.split("\n");
+      buf = done ? "" : lines.pop();
+      for (let line of lines) {
+        if (line.endsWith("\r")) line = line.slice(0, -1);
+        if (line === "") {
+          if (data.length && onEvent(data.join("\n")) === "done") return;
+          data = [];
+        } else if (line.startsWith("data:")) {
+          data.push(line.slice(line.startsWith("data: ") ? 6 : 5));
+        } // comments (":...") and other fields are ignored
+      }
+      if (done) {
+        if (data.length) onEvent(data.join("\n"));
+        return;
+      }
+    }
+  }
+
+  // -- audio -----------------------------------------------------------------------------------
+  function ensurePlayer() {
+    if (!player) {
+      const Ctx = window.AudioContext || window.webkitAudioContext;
+      player = { ctx: new Ctx(), nextTime: 0, sources: new Set() };
+    }
+    if (player.ctx.state === "suspended") player.ctx.resume();
+    return player;
+  }
+
+  function stopAudio() {
+    if (!player) return;
+    for (const src of player.sources) { try { src.stop(); } catch (_) { /* not started */ } }
+    player.sources.clear();
+    player.nextTime = 0;
+  }
+
+  function pcm16ToFloat32(b64) {
+    const bin = atob(b64);
+    const out = new Float32Array(bin.length >> 1);
+    for (let i = 0; i < out.length; i++) {
+      const v = bin.charCodeAt(2 * i) | (bin.charCodeAt(2 * i + 1) << 8);
+      out[i] = (v >= 0x8000 ? v - 0x10000 : v) / 32768;
+    }
+    return out;
+  }
+
+  function scheduleChunk(samples, reqId) {
+    if (!samples.length) return;
+    const p = ensurePlayer();
+    const buffer = p.ctx.createBuffer(1, samples.length, SAMPLE_RATE);
+    buffer.copyToChannel(samples, 0);
+    const src = p.ctx.createBufferSource();
+    src.buffer = buffer;
+    src.connect(p.ctx.destination);
+    const startAt = Math.max(p.nextTime, p.ctx.currentTime + LEAD_S);
+    src.start(startAt);
+    src.onended = () => p.sources.delete(src);
+    p.sources.add(src);
+    p.nextTime = startAt + buffer.duration;
+    state.audioChunksScheduled += 1;
+    state.audioSeconds += buffer.duration;
+    if (state.audioChunksScheduled === 1) watchPlayback(startAt, reqId);
+  }
+
+  // playbackStarted turns true once the audio clock has passed the first chunk's start.
+  function watchPlayback(startAt, reqId) {
+    const tick = () => {
+      if (reqId !== state.requests || !player) return;
+      if (player.ctx.state === "running" && player.ctx.currentTime >= startAt) {
+        state.playbackStarted = true;
+        render();
+      } else {
+        setTimeout(tick, 20);
+      }
+    };
+    tick();
+  }
+
+  // -- UI --------------------------------------------------------------------------------------
+  function showError(message) {
+    state.error = message;
+    $("error").textContent = message;
+    $("error").hidden = false;
+  }
+
+  function clearError() {
+    state.error = null;
+    $("error").textContent = "";
+    $("error").hidden = true;
+  }
+
+  function bubble(role, text) {
+    const div = document.createElement("div");
+    div.className = "msg " + role;
+    const who = document.createElement("span");
+    who.className = "who";
+    who.textContent = role;
+    const body = document.createElement("div");
+    body.className = "body";
+    body.textContent = text;
+    div.append(who, body);
+    $("log").append(div);
+    div.scrollIntoView({ block: "end" });
+    return body;
+  }
+
+  const ms = (v) => (v === null ? "–" : `${v} ms`);
+
+  function render() {
+    $("status").textContent = state.status + (state.playbackStarted && state.status !== "idle" ? " · playing" : "");
+    $("ttft").textContent = ms(state.firstTokenMs);
+    $("ttfa").textContent = ms(state.firstAudioMs);
+    $("audio-duration").textContent = state.audioChunksScheduled
+      ? `${state.audioSeconds.toFixed(2)} s (${state.audioChunksScheduled} chunks)` : "–";
+    const u = state.usage;
+    $("usage").textContent = u ? `${u.prompt_tokens} prompt + ${u.completion_tokens} completion tokens` : "–";
+  }
+
+  function setBusy(busy) {
+    $("send").disabled = busy;
+    $("stop").disabled = !busy;
+  }
+
+  // -- one request -----------------------------------------------------------------------------
+  async function send(message) {
+    const modalities = MODALITIES[document.querySelector("input[name=modalities]:checked").value];
+    const wantsAudio = modalities.includes("audio");
+    if (wantsAudio) { ensurePlayer(); stopAudio(); } // inside the click: browsers allow audio then
+    clearError();
+    const reqId = ++state.requests;
+    Object.assign(state, {
+      status: "connecting", text: "", transcript: "", finishReason: null, usage: null,
+      firstTokenMs: null, firstAudioMs: null, audioChunksScheduled: 0, audioSeconds: 0,
+      playbackStarted: false,
+    });
+    render();
+    history.push({ role: "user", content: message });
+    bubble("user", message);
+    const out = bubble("assistant", "");
+    const t0 = performance.now();
+    const since = () => Math.round(performance.now() - t0);
+    controller = new AbortController();
+    setBusy(true);
+    try {
+      const model = state.model || (await loadModels());
+      const body = {
+        model, messages: history.slice(), stream: true,
+        stream_options: { include_usage: true }, modalities,
+      };
+      if (wantsAudio) body.audio = { voice: $("voice").value, format: "pcm16" };
+      const maxTokens = parseInt($("max-tokens").value, 10);
+      if (maxTokens > 0) body.max_tokens = maxTokens;
+      const resp = await fetch(url("v1/chat/completions"), {
+        method: "POST", headers: headers(true), body: JSON.stringify(body),
+        signal: controller.signal,
+      });
+      if (!resp.ok) throw await httpError("POST /v1/chat/completions", resp);
+      state.status = "streaming";
+      render();
+      await readSSE(resp, (data) => {
+        if (data === "[DONE]") return "done";
+        const ev = JSON.parse(data);
+        if (ev.error) { // a failure after the stream began: {"error": {...}} as an event
+          showError(`stream error: ${ev.error.message || JSON.stringify(ev.error)}`);
+          state.status = "error";
+        }
+        if (ev.usage) state.usage = ev.usage;
+        const choice = (ev.choices || [])[0];
+        if (choice) {
+          const d = choice.delta || {};
+          if (d.content) {
+            if (state.firstTokenMs === null) state.firstTokenMs = since();
+            state.text += d.content;
+          }
+          if (d.audio) {
+            if (d.audio.transcript) {
+              state.transcript += d.audio.transcript;
+              if (!modalities.includes("text") && state.firstTokenMs === null) state.firstTokenMs = since();
+            }
+            if (d.audio.data) {
+              if (state.firstAudioMs === null) state.firstAudioMs = since();
+              scheduleChunk(pcm16ToFloat32(d.audio.data), reqId);
+            }
+          }
+          if (choice.finish_reason) state.finishReason = choice.finish_reason;
+        }
+        out.textContent = modalities.includes("text") ? state.text : state.transcript;
+        out.classList.toggle("transcript", !modalities.includes("text"));
+        render();
+        return null;
+      });
+      history.push({ role: "assistant", content: state.text || state.transcript });
+      if (state.status !== "error") state.status = "done" + (state.finishReason ? ` (${state.finishReason})` : "");
+    } catch (e) {
+      history.pop(); // the user turn did not get an answer; leave it out of the next request
+      if (e.name === "AbortError") {
+        state.status = "stopped";
+      } else {
+        state.status = "error";
+        showError(e.message || String(e));
+      }
+    } finally {
+      controller = null;
+      setBusy(false);
+      render();
+    }
+  }
+
+  // -- wiring ----------------------------------------------------------------------------------
+  function init() {
+    const keyInput = $("api-key");
+    keyInput.value = localStorage.getItem(KEY_STORAGE) || "";
+    keyInput.addEventListener("change", () => {
+      const key = keyInput.value.trim();
+      if (key) localStorage.setItem(KEY_STORAGE, key); else localStorage.removeItem(KEY_STORAGE);
+      state.model = null;
+      loadModels().then(clearError, (e) => showError(e.message));
+    });
+    $("model").addEventListener("change", (e) => { state.model = e.target.value; });
+    $("composer").addEventListener("submit", (e) => {
+      e.preventDefault();
+      const text = $("message").value.trim();
+      if (!text || controller) return;
+      $("message").value = "";
+      send(text);
+    });
+    $("message").addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("composer").requestSubmit();
+    });
+    $("stop").addEventListener("click", () => { if (controller) controller.abort(); stopAudio(); });
+    $("clear").addEventListener("click", () => {
+      if (controller) controller.abort();
+      stopAudio();
+      history.length = 0;
+      $("log").replaceChildren();
+      clearError();
+    });
+    render();
+    loadModels().catch((e) => showError(e.message));
+  }
+
+  init(); // the script is loaded with "defer": the DOM is ready
+})();
