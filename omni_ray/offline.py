@@ -22,8 +22,8 @@ from omni_ray.models.tokenizer import encode_chat, load_tokenizer
 from omni_ray.payload import FinishReason
 from omni_ray.runners.chunking import CodecChunker, ThinkerChunker
 from omni_ray.runners.code2wav import Code2WavRunner
+from omni_ray.runners.factory import make_thinker_runner
 from omni_ray.runners.talker import TalkerRunner
-from omni_ray.runners.thinker import ThinkerRunner
 from omni_ray.transport.local import send_local
 
 SAMPLE_RATE = 24000
@@ -69,6 +69,7 @@ class _Track:
     frames: list[torch.Tensor] = field(default_factory=list)
     audio: list[torch.Tensor] = field(default_factory=list)
     text_done: bool = False
+    talker_done: bool = False
     audio_done: bool = False
     ttft: float | None = None
     ttfa: float | None = None
@@ -79,17 +80,20 @@ class Omni:
 
     def __init__(self, model: str | Path, mode: str = "async_chunk", *, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, pipeline: PipelineConfig | None = None,
-                 max_num_seqs: int = 64):
+                 max_num_seqs: int = 64, thinker_backend: str = "transformers",
+                 thinker_engine_kwargs: dict | None = None, thinker_runner=None):
+        """``thinker_backend``: "transformers" or "vllm" (``thinker_engine_kwargs`` go to vLLM's
+        EngineArgs). ``thinker_runner`` injects a ready thinker runner (e.g. one vLLM engine
+        shared by tests) instead of building one; it must be idle and is not owned by ``Omni``."""
         self.model_dir = Path(model)
         self.pipeline = (pipeline or PipelineConfig()).model_copy(update={"mode": mode})
-        th = load_stage(model, "thinker", device, dtype)
+        self.thinker = (thinker_runner if thinker_runner is not None else make_thinker_runner(
+            thinker_backend, model, device, dtype, max_num_seqs, thinker_engine_kwargs))
         tk = load_stage(model, "talker", device, dtype)
         cw = load_stage(model, "code2wav", device, dtype)
-        cfg = th.config
+        cfg = tk.config
         self.config = cfg
         self.tokenizer = load_tokenizer(model)
-        self.thinker = ThinkerRunner(th.module, eos_token_ids=[cfg.im_end_token_id],
-                                     max_num_seqs=max_num_seqs, device=device)
         self.talker = TalkerRunner(tk.module, tk.text_embedding, cfg, max_num_seqs=max_num_seqs,
                                    device=device)
         self.code2wav = Code2WavRunner(cw.module, mode=self.pipeline.code2wav_mode,
@@ -104,33 +108,41 @@ class Omni:
     def generate(self, requests: OmniRequest | list[OmniRequest]) -> list[OmniOutput]:
         """Run requests together (continuous batching); returns outputs in request order."""
         reqs = [requests] if isinstance(requests, OmniRequest) else list(requests)
-        p = self.pipeline
+        ids = [r.request_id for r in reqs]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate request ids in one generate() call: {ids}")
         tracks: dict[str, _Track] = {}
         now = time.perf_counter()
-        for r in reqs:
-            self.thinker.add_request(r.request_id, r.prompt_token_ids, r.thinker_sampling,
-                                     r.max_tokens, list(r.stop_token_ids))
-            chunker = None
-            if r.wants_audio:
-                self.talker.add_request(r.request_id, r.speaker, r.talker_sampling,
-                                        r.max_audio_frames)
-                self.code2wav.add_request(r.request_id)
-                chunker = CodecChunker(r.request_id, p.mode, p.initial_chunk_frames,
-                                       p.chunk_frames, self.groups)
-            tracks[r.request_id] = _Track(r, now, ThinkerChunker(r.request_id, r.prompt_token_ids,
-                                                                 p.mode), chunker,
-                                          audio_done=not r.wants_audio)
         try:
+            # A request a runner rejects (unknown speaker, ...) must not leave the others, or its
+            # own half-registered state, behind in the runners: the except clause clears them all.
+            for r in reqs:
+                tracks[r.request_id] = self._add(r, now)
             while not all(t.text_done and t.audio_done for t in tracks.values()):
                 progressed = self._thinker_step(tracks)
                 progressed |= self._talker_step(tracks)
                 if not progressed:
                     raise RuntimeError("pipeline stalled: no stage can make progress")
         except BaseException:
-            for rid in tracks:
+            for rid in ids:
                 self.thinker.abort(rid), self.talker.abort(rid), self.code2wav.abort(rid)
             raise
         return [self._output(tracks[r.request_id]) for r in reqs]
+
+    def _add(self, r: OmniRequest, now: float) -> _Track:
+        """Register ``r`` with every stage it needs; returns its driver-side track."""
+        p = self.pipeline
+        self.thinker.add_request(r.request_id, r.prompt_token_ids, r.thinker_sampling,
+                                 r.max_tokens, list(r.stop_token_ids))
+        chunker = None
+        if r.wants_audio:
+            self.talker.add_request(r.request_id, r.speaker, r.talker_sampling,
+                                    r.max_audio_frames)
+            self.code2wav.add_request(r.request_id)
+            chunker = CodecChunker(r.request_id, p.mode, p.initial_chunk_frames, p.chunk_frames,
+                                   self.groups)
+        return _Track(r, now, ThinkerChunker(r.request_id, r.prompt_token_ids, p.mode), chunker,
+                      audio_done=not r.wants_audio)
 
     # 1) Thinker: one token per running request; text to the caller, chunks to the talker.
     def _thinker_step(self, tracks: dict[str, _Track]) -> bool:
@@ -143,8 +155,8 @@ class Omni:
             t.text_ids.extend(out.new_token_ids)
             if out.finished:
                 t.text_done, t.reason = True, out.finish_reason
-            if not t.req.wants_audio:
-                continue
+            if not t.req.wants_audio or t.talker_done:
+                continue  # text only, or the talker already finished (e.g. max_audio_frames)
             for chunk in t.thinker_chunker.add(out.new_token_ids, out.finished, out.finish_reason):
                 c = send_local(chunk)
                 self.talker.push_text(c.request_id, c.token_ids, c.finished, c.prompt_token_ids,
@@ -157,6 +169,7 @@ class Omni:
             return False
         for out in self.talker.step():
             t = tracks[out.request_id]
+            t.talker_done = t.talker_done or out.finished
             for chunk in t.codec_chunker.add(out.frames, out.finished, out.finish_reason):
                 self._vocode(t, send_local(chunk))
         return True

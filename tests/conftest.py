@@ -10,6 +10,17 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One torch thread per process: on 2 shared cores, oversubscription slows CPU tests ~10x.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_configure(config):
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
 
 
 @pytest.fixture(scope="session")

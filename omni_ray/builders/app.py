@@ -4,6 +4,8 @@ Used as ``import_path: omni_ray:build_omni_app`` with ``args:`` in a Serve confi
 Deployment classes stay undecorated; this module applies ``serve.deployment`` with defaults merged
 with the user's ``deployment_config`` in one place (``deployment_options``). Names are prefixed per
 stage: ``Thinker:<model_id>``, ``Talker:<model_id>``, ``Code2Wav:<model_id>``, ``OmniIngress``.
+With ``thinker_disaggregation`` enabled, ``ThinkerPrefill:<model_id>`` and
+``ThinkerDecode:<model_id>`` replace ``Thinker:<model_id>`` (docs/kv_transfer.md).
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ from typing import Any
 
 from omni_ray.config.serving import OmniServingArgs, StageConfig
 
-STAGE_NAMES = {"thinker": "Thinker", "talker": "Talker", "code2wav": "Code2Wav"}
+STAGE_NAMES = {"thinker": "Thinker", "talker": "Talker", "code2wav": "Code2Wav",
+               "thinker_prefill": "ThinkerPrefill", "thinker_decode": "ThinkerDecode"}
+# Full queues answer 503 with ``Retry-After: 1``: Serve's proxy for the ingress itself, the
+# ingress (OpenAI error body) for a stage (see docs/faults.md).
+BACKPRESSURE = {"status_code": 503, "retry_after_s": 1}
 
 
 def stage_deployment_name(stage: str, model_id: str) -> str:
@@ -29,6 +35,7 @@ def deployment_options(stage: str, cfg: StageConfig, model_id: str) -> dict[str,
         "health_check_period_s": 10,
         "health_check_timeout_s": 30,
         "graceful_shutdown_timeout_s": 120,  # above the longest audio stream
+        "backpressure_config": dict(BACKPRESSURE),
         "ray_actor_options": {"num_cpus": 0},
     }
     user = dict(cfg.deployment_config)
@@ -53,6 +60,7 @@ def deployment_options(stage: str, cfg: StageConfig, model_id: str) -> dict[str,
 def ingress_options(args: OmniServingArgs) -> dict[str, Any]:
     opts: dict[str, Any] = {"name": "OmniIngress", "num_replicas": 1,
                             "max_ongoing_requests": 256, "max_queued_requests": 512,
+                            "backpressure_config": dict(BACKPRESSURE),
                             "ray_actor_options": {"num_cpus": 0}}
     user = dict(args.ingress_deployment_config)
     if "ray_actor_options" in user:
@@ -69,11 +77,22 @@ def build_omni_app(args: dict | OmniServingArgs | None = None):
     from omni_ray.stages.server import STAGE_SERVERS
 
     args = OmniServingArgs.model_validate(args or {})
+    # Python-mode dumps keep api_keys as SecretStr (masked wherever Serve prints init args); the
+    # stages never see them at all.
     dump = args.model_dump()
+    stage_dump = args.model_dump(exclude={"security": {"api_keys"}})
+    servers = dict(STAGE_SERVERS)
+    if args.disaggregated:  # ThinkerPrefill + ThinkerDecode instead of Thinker
+        from omni_ray.stages.kv_server import KV_STAGE_SERVERS
+
+        del servers["thinker"]
+        servers.update(KV_STAGE_SERVERS)
     bound = {}
-    for stage, cls in STAGE_SERVERS.items():
-        opts = deployment_options(stage, getattr(args, stage), args.model_id)
-        bound[stage] = serve.deployment(cls, **opts).bind(dump)
+    for stage, cls in servers.items():
+        opts = deployment_options(stage, cls.stage_config(args), args.model_id)
+        bound[stage] = serve.deployment(cls, **opts).bind(stage_dump)
     ingress_cls = serve.ingress(app)(OmniIngress)
+    extra = {"thinker_prefill": bound["thinker_prefill"]} if args.disaggregated else {}
     return serve.deployment(ingress_cls, **ingress_options(args)).bind(
-        bound["thinker"], bound["talker"], bound["code2wav"], dump)
+        bound.get("thinker_decode", bound.get("thinker")), bound["talker"], bound["code2wav"],
+        dump, **extra)

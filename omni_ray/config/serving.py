@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.sampling import THINKER_GREEDY, TALKER_GREEDY, SamplingParams
@@ -19,6 +19,7 @@ _SERVE_OPTION_KEYS = {
     "ray_actor_options", "health_check_period_s", "health_check_timeout_s",
     "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s", "user_config",
     "placement_group_bundles", "placement_group_strategy", "request_router_config",
+    "backpressure_config",
 }
 
 
@@ -66,6 +67,42 @@ class StageConfig(BaseModel):
         return v
 
 
+class KVTimeouts(BaseModel):
+    """Bounds on every wait of a KV hand-off (see docs/kv_transfer.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prefill_s: float = Field(30.0, gt=0, description="prefill + the sender's save, end to end")
+    transfer_s: float = Field(10.0, gt=0, description="the receiver's fetch of the KV bytes")
+    load_s: float = Field(10.0, gt=0, description="the receiver's load into its runner")
+
+
+class ThinkerDisaggConfig(BaseModel):
+    """Thinker prefill/decode disaggregation: ``ThinkerPrefill:<id>`` runs prompts and hands the
+    KV to ``ThinkerDecode:<id>``, which decodes and feeds the talker (it plays the thinker role).
+    Sampling defaults still come from ``thinker.default_sampling``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    prefill: StageConfig = Field(default_factory=StageConfig)
+    decode: StageConfig = Field(default_factory=StageConfig)
+    timeouts: KVTimeouts = Field(default_factory=KVTimeouts)
+    fallback: Literal["local_prefill", "error"] = Field(
+        "local_prefill", description="when a hand-off fails: prefill on the decode replica "
+                                     "(same answer) or end the request with an error")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ThinkerDisaggConfig":
+        if self.prefill.backend != "transformers" or self.decode.backend != "transformers":
+            raise ValueError("thinker_disaggregation: prefill.backend and decode.backend must be "
+                             "'transformers' (the vLLM KV-connector path is not implemented)")
+        if self.prefill.dtype != self.decode.dtype:
+            raise ValueError(f"thinker_disaggregation: prefill.dtype ({self.prefill.dtype}) and "
+                             f"decode.dtype ({self.decode.dtype}) must match")
+        return self
+
+
 class LimitsConfig(BaseModel):
     """Input limits; each violation is answered with a 4xx naming the limit."""
 
@@ -78,26 +115,64 @@ class LimitsConfig(BaseModel):
     default_max_tokens: int = Field(64, ge=1)
     max_audio_frames: int = Field(1500, ge=1, description="upper bound on 80 ms codec frames")
     default_max_audio_frames: int = Field(600, ge=1)
-    max_concurrent_requests_per_key: int = Field(0, ge=0, description="0: unlimited")
+    max_audio_bytes: int = Field(20 << 20, ge=1,
+                                 description="decoded size of one input_audio part")
+    max_image_bytes: int = Field(10 << 20, ge=1,
+                                 description="decoded (or fetched) size of one image_url part")
+    max_concurrent_requests_per_key: int = Field(
+        0, ge=0, description="in-flight POSTs per API key and ingress replica; 0: unlimited")
 
 
 class SecurityConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Who may call the API and what the ingress may do on a request's behalf (docs/security.md).
 
-    api_keys: list[str] = Field(default_factory=list, repr=False,
-                                description="accepted Bearer keys; empty: no auth")
+    Keys are ``SecretStr``: they print as ``**********`` in reprs, dumps and Serve's records of
+    deployment init args; only the ingress's guard reads their value.
+    """
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # keys: never echoed
+
+    api_keys: list[SecretStr] = Field(default_factory=list, repr=False,
+                                      description="accepted Bearer keys; empty (and no env "
+                                                  "keys): no auth")
     api_keys_env: str | None = Field("OMNI_RAY_API_KEYS",
                                      description="env var with comma-separated keys, if set")
     enable_debug_endpoints: bool = False
     enable_metrics_endpoint: bool = False
-    log_prompts: bool = False
+    log_prompts: bool = Field(False, description="debug only: log each request's prompt text")
     allow_fault_injection: bool = Field(False, description="tests only: x-omni-fault header")
+    allow_remote_media: bool = Field(False, description="fetch http(s) URLs in content parts")
+    allowed_media_hosts: list[str] = Field(
+        default_factory=list, description="hosts that may be fetched ('*.example.com' for "
+                                          "subdomains); empty: none")
+    media_fetch_timeout_s: float = Field(5.0, gt=0, le=120)
+    max_media_fetch_bytes: int = Field(10 << 20, ge=1)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _real_keys(cls, v: list[SecretStr]) -> list[SecretStr]:
+        for i, key in enumerate(v):
+            value = key.get_secret_value()
+            if not value.strip() or set(value) == {"*"}:
+                # A masked dump ("**********") fed back in must not become a working key.
+                raise ValueError(f"api_keys.{i}: empty or masked key")
+        return v
+
+    @field_validator("allowed_media_hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        out = [h.strip().lower().rstrip(".") for h in v]
+        bad = [h for h in out if not h or "/" in h or ":" in h.replace("*.", "")]
+        if bad:
+            raise ValueError(f"allowed_media_hosts: bare host names only, got {bad}")
+        return out
 
 
 class OmniServingArgs(BaseModel):
     """Everything ``build_omni_app`` needs."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Errors name the field and the rule but never echo the input: it may hold API keys.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     model: str = Field("tiny", description="checkpoint dir, or 'tiny' for the embedded default")
     model_id: str = Field("qwen3-omni", min_length=1, description="name served in /v1/models")
@@ -107,6 +182,8 @@ class OmniServingArgs(BaseModel):
     thinker: StageConfig = Field(default_factory=lambda: StageConfig(default_sampling=THINKER_GREEDY))
     talker: StageConfig = Field(default_factory=lambda: StageConfig(default_sampling=TALKER_GREEDY))
     code2wav: StageConfig = Field(default_factory=StageConfig)
+    thinker_disaggregation: ThinkerDisaggConfig | None = Field(
+        None, description="split the thinker into prefill and decode deployments")
     ingress_deployment_config: dict[str, Any] = Field(default_factory=dict)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
@@ -122,6 +199,11 @@ class OmniServingArgs(BaseModel):
         if self.limits.default_max_audio_frames > self.limits.max_audio_frames:
             raise ValueError("limits.default_max_audio_frames must be <= limits.max_audio_frames")
         return self
+
+    @property
+    def disaggregated(self) -> bool:
+        """Whether the thinker runs as ThinkerPrefill + ThinkerDecode deployments."""
+        return self.thinker_disaggregation is not None and self.thinker_disaggregation.enabled
 
     def checkpoint_dir(self) -> str:
         """The checkpoint to load, made first when it is the tiny default (or allowed to be)."""

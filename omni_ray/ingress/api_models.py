@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class TextPart(BaseModel):
@@ -51,6 +51,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+GREEDY_BELOW = 1e-5  # temperatures under this are sampled as 0 (greedy)
+
+
 class ChatCompletionRequest(BaseModel):
     """Unknown fields are ignored, as OpenAI-compatible servers usually do."""
 
@@ -65,10 +68,18 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     max_audio_frames: int | None = Field(None, ge=1, description="omni_ray extension: 80 ms frames")
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0,
+                                      description=f"below {GREEDY_BELOW} means 0 (greedy)")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1, description="int64")
     n: int = Field(1, ge=1, le=1)
+
+    @field_validator("temperature")
+    @classmethod
+    def _tiny_temperature_is_greedy(cls, v: float | None) -> float | None:
+        # logits / 1e-300 overflow to inf (found by tests/serve/test_fuzz.py); sampling that
+        # cold picks the argmax anyway.
+        return 0.0 if v is not None and v < GREEDY_BELOW else v
 
 
 class ErrorBody(BaseModel):

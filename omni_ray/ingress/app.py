@@ -8,9 +8,9 @@ use ``generate`` through a ``DeploymentHandle`` (``handle.options(stream=True)``
 from __future__ import annotations
 
 import base64
-import hmac
 import json
 import logging
+import math
 import os
 import time
 import uuid
@@ -19,20 +19,30 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.config.serving import OmniServingArgs
+from omni_ray.ingress import media
 from omni_ray.ingress.api_models import ChatCompletionRequest, TextPart
 from omni_ray.ingress.detok import Detokenizer
 from omni_ray.ingress.errors import (
     APIError,
     api_error_handler,
     bad_request,
+    http_error_handler,
     unhandled_error_handler,
     validation_error_handler,
 )
-from omni_ray.ingress.pipeline_client import PipelineClient, StageError
+from omni_ray.ingress.guard import Guard, GuardMiddleware, resolve_api_keys
+from omni_ray.ingress.pipeline_client import (
+    PipelineClient,
+    PipelineStream,
+    StageError,
+    StageUnavailable,
+)
+from omni_ray.metrics import IngressMetrics, RequestStatus, RequestTrack
 from omni_ray.payload import AudioChunk, FinishReason, TextDelta
 
 logger = logging.getLogger("ray.serve")
@@ -41,50 +51,23 @@ app = FastAPI(title="omni_ray", version="0.1.0",
               description="OpenAI-compatible omni model serving on Ray Serve")
 app.add_exception_handler(APIError, api_error_handler)
 app.add_exception_handler(RequestValidationError, validation_error_handler)
+app.add_exception_handler(StarletteHTTPException, http_error_handler)
 app.add_exception_handler(Exception, unhandled_error_handler)
 
-OPEN_PATHS = ("/health", "/", "/playground", "/static/")
+# API keys, body limit, per-key concurrency (omni_ray/ingress/guard.py, open paths listed there).
+# Serve serves a pickled copy of ``app``; ``__serve_build_asgi_app__`` puts the guard on that copy.
+app.add_middleware(GuardMiddleware)
 
-
-@app.middleware("http")
-async def _guard(request: Request, call_next):
-    """API keys (constant-time compare) and the request body limit, before any parsing."""
-    guard = getattr(request.app.state, "guard", None)
-    if guard is not None:
-        err = guard.check(request)
-        if err is not None:
-            return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-    return await call_next(request)
-
-
-class Guard:
-    def __init__(self, keys: list[str], max_body_bytes: int):
-        self.keys = [k.encode() for k in keys if k]
-        self.max_body_bytes = max_body_bytes
-
-    def check(self, request: Request) -> APIError | None:
-        path = request.url.path
-        is_open = path in OPEN_PATHS[:-1] or path.startswith(OPEN_PATHS[-1])
-        if self.keys and not is_open:
-            auth = request.headers.get("authorization", "")
-            token = auth[7:].encode() if auth.lower().startswith("bearer ") else b""
-            ok = False
-            for k in self.keys:  # every key compared, in constant time
-                ok |= hmac.compare_digest(token, k)
-            if not ok:
-                return APIError(401, "missing or invalid API key (Authorization: Bearer <key>)",
-                                type="authentication_error", code="invalid_api_key")
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            return APIError(413, f"request body over limits.max_body_bytes={self.max_body_bytes}",
-                            param="body", code="body_too_large")
-        return None
+RETRY_AFTER_S = 1  # Retry-After when a stage's backpressure_config sets none
 
 
 class OmniIngress:
     """Undecorated; ``build_omni_app`` applies ``serve.ingress(app)`` and ``serve.deployment``."""
 
-    def __init__(self, thinker, talker, code2wav, args: OmniServingArgs | dict):
+    def __init__(self, thinker, talker, code2wav, args: OmniServingArgs | dict,
+                 thinker_prefill=None):
+        """``thinker_prefill``: the ThinkerPrefill deployment when the thinker is disaggregated
+        (``thinker`` is then ThinkerDecode; see ingress/kv_client.py)."""
         from omni_ray.models.loading import load_omni_config
         from omni_ray.models.tokenizer import load_tokenizer
 
@@ -95,12 +78,22 @@ class OmniIngress:
         self.speakers = sorted(k.lower() for k in cfg.talker_config.speaker_id)
         self.client = PipelineClient(thinker, talker, code2wav)
         self.stage_handles = dict(thinker=thinker, talker=talker, code2wav=code2wav)
-        sec = self.args.security
-        keys = list(sec.api_keys)
-        if sec.api_keys_env and os.environ.get(sec.api_keys_env):
-            keys += [k.strip() for k in os.environ[sec.api_keys_env].split(",") if k.strip()]
-        app.state.guard = Guard(keys, self.args.limits.max_body_bytes)
+        if self.args.disaggregated:
+            from omni_ray.ingress.kv_client import DisaggPipelineClient
+
+            self.client = DisaggPipelineClient(thinker_prefill, thinker, talker, code2wav,
+                                               self.args.thinker_disaggregation)
+            self.stage_handles["thinker_prefill"] = thinker_prefill
+        lim = self.args.limits
+        self.guard = Guard(resolve_api_keys(self.args.security, os.environ), lim.max_body_bytes,
+                           lim.max_concurrent_requests_per_key)
+        self.metrics = IngressMetrics()
         self.created = int(time.time())
+
+    def __serve_build_asgi_app__(self):
+        """Serve calls this after ``__init__``: put this replica's guard on the served app."""
+        self.app.state.guard = self.guard
+        return self.app
 
     # -- routes --------------------------------------------------------------------------------
     @app.get("/health")
@@ -120,18 +113,29 @@ class OmniIngress:
         out = {}
         for name, h in self.stage_handles.items():
             out[name] = await h.stats.remote()
+        if self.args.disaggregated:
+            out["kv_ingress"] = self.client.stats()  # this replica's KV hand-offs
         return out
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         fault = request.headers.get("x-omni-fault") if self.args.security.allow_fault_injection else None
-        req, audio_format = self._to_request(body)
+        track = self.metrics.track(body.modalities)
+        try:
+            req, audio_format = await self._to_request(body)
+        except APIError:
+            track.finish(RequestStatus.INVALID, "invalid_request")
+            raise
         logger.info("request %s: modalities=%s stream=%s", req.request_id, req.modalities, body.stream)
+        # Open the stages before answering: a full stage is a 503 + Retry-After, not a stream error.
+        kv_fault = (request.headers.get("x-omni-kv-fault")
+                    if self.args.security.allow_fault_injection else None)
+        stream = await self._open(req, fault, track, kv_fault)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self._sse(req, include_usage, fault),
+            return StreamingResponse(self._sse(req, stream, include_usage, track),
                                      media_type="text/event-stream")
-        return JSONResponse(await self._complete(req, audio_format, fault))
+        return JSONResponse(await self._complete(req, stream, audio_format, track))
 
     # -- browser playground (omni_ray/ingress/playground.py; open paths in Guard) ---------------
     @app.get("/", include_in_schema=False)
@@ -157,18 +161,32 @@ class OmniIngress:
         """Stream ``{"type": "text"|"audio"|"done", ...}`` events for an OpenAI-style body.
 
         ``audio`` events carry ``pcm16`` bytes (24 kHz mono) and ``start_sample``; ``done`` carries
-        ``finish_reason`` and ``usage``. Invalid bodies raise ``ValueError``.
+        ``finish_reason`` and ``usage``. Invalid bodies raise ``ValueError``; a full or missing
+        stage raises ``StageUnavailable``, a failed one ``StageError``.
         """
+        track = self.metrics.track(body.get("modalities") if isinstance(body, dict) else None)
         try:
             parsed = ChatCompletionRequest.model_validate(body)
-            req, _ = self._to_request(parsed)
+            req, _ = await self._to_request(parsed)
         except APIError as e:
+            track.finish(RequestStatus.INVALID, "invalid_request")
             raise ValueError(e.message) from None
-        async for ev in self._events(req, None):
+        try:
+            stream = await self.client.open(req)
+        except StageUnavailable:
+            track.finish(RequestStatus.REJECTED, "overloaded")
+            raise
+        except StageError as e:
+            track.finish(RequestStatus.ERROR, e.stage)
+            raise
+        except ValueError:
+            track.finish(RequestStatus.INVALID, "invalid_request")
+            raise
+        async for ev in self._events(req, stream, track):
             yield ev
 
     # -- internals -------------------------------------------------------------------------------
-    def _to_request(self, body: ChatCompletionRequest) -> tuple[OmniRequest, str]:
+    async def _to_request(self, body: ChatCompletionRequest) -> tuple[OmniRequest, str]:
         lim = self.args.limits
         if body.model != self.args.model_id:
             raise APIError(404, f"model {body.model!r} not found; this server serves "
@@ -186,7 +204,7 @@ class OmniIngress:
         if "audio" in modalities and speaker not in self.speakers:
             raise bad_request(f"audio.voice: unknown voice {speaker!r}; available: {self.speakers}",
                               "audio.voice")
-        messages = [self._message_text(i, m) for i, m in enumerate(body.messages)]
+        messages = [await self._message_text(i, m) for i, m in enumerate(body.messages)]
         if not any(m["role"] == "user" for m in messages):
             raise bad_request("messages: at least one user message is required", "messages")
         from omni_ray.models.tokenizer import encode_chat
@@ -219,9 +237,11 @@ class OmniIngress:
         req = OmniRequest(request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt_token_ids=prompt_ids,
                           modalities=modalities, speaker=speaker, max_tokens=max_tokens,
                           max_audio_frames=frames, thinker_sampling=thinker, talker_sampling=talker)
+        if self.args.security.log_prompts:  # debug only: prompts stay out of logs by default
+            logger.info("request %s prompt: %s", req.request_id, json.dumps(messages))
         return req, audio_format
 
-    def _message_text(self, i: int, m) -> dict:
+    async def _message_text(self, i: int, m) -> dict:
         role = "system" if m.role == "developer" else m.role
         if m.content is None or m.content == "" or m.content == []:
             raise bad_request(f"messages.{i}.content: must not be empty", f"messages.{i}.content")
@@ -230,32 +250,81 @@ class OmniIngress:
         texts = []
         for j, part in enumerate(m.content):
             if not isinstance(part, TextPart):
+                # Media limits and the remote-URL policy first, so their message wins.
+                await media.check_part(part, f"messages.{i}.content.{j}", self.args.limits,
+                                       self.args.security)
                 raise bad_request(f"messages.{i}.content.{j}: content part type {part.type!r} is not "
                                   "supported by this deployment", f"messages.{i}.content.{j}.type",
                                   code="unsupported_content")
             texts.append(part.text)
         return {"role": role, "content": "".join(texts)}
 
-    async def _events(self, req: OmniRequest, fault: str | None) -> AsyncIterator[dict]:
-        """The request's stream as plain events: text deltas, audio pieces, then done."""
-        detok = Detokenizer(self.tokenizer)
-        n_out, reason = 0, FinishReason.NONE
+    async def _open(self, req: OmniRequest, fault: str | None,
+                    track: RequestTrack, kv_fault: str | None = None) -> PipelineStream:
+        """Open the request's stages; refusals become OpenAI errors (503/429 + Retry-After)."""
+        opts = {}
+        if kv_fault:  # tests only: x-omni-kv-fault (ingress/kv_client.py)
+            from omni_ray.ingress.kv_client import kv_fault_from_header
+
+            try:
+                opts["kv_fault"] = kv_fault_from_header(kv_fault, self.client)
+            except ValueError as e:
+                track.finish(RequestStatus.INVALID, "invalid_request")
+                raise bad_request(str(e), "x-omni-kv-fault") from e
         if fault:
             await self._inject(req, fault)
-        async for item in self.client.run(req):
-            if isinstance(item, TextDelta):
-                n_out += len(item.token_ids)
-                text = detok.add(item.token_ids, item.finished)
-                if text:
-                    yield {"type": "text", "delta": text}
-                if item.finished:
-                    reason = item.finish_reason
-            elif isinstance(item, AudioChunk):
-                from omni_ray.audio import to_pcm16
+        try:
+            return await self.client.open(req, **opts)
+        except StageUnavailable as e:
+            track.finish(RequestStatus.REJECTED, "overloaded")
+            retry = math.ceil(e.retry_after_s if e.retry_after_s is not None else RETRY_AFTER_S)
+            raise APIError(e.status_code, f"server overloaded, retry later: {e}",
+                           type="rate_limit_error" if e.status_code == 429 else "server_error",
+                           code="overloaded", headers={"Retry-After": str(retry)}) from e
+        except ValueError as e:  # a stage refused the request itself
+            track.finish(RequestStatus.INVALID, "invalid_request")
+            raise bad_request(str(e)) from e
+        except StageError as e:
+            track.finish(RequestStatus.ERROR, e.stage)
+            raise APIError(500, f"request {req.request_id} failed: {e}", type="server_error") from e
 
-                yield {"type": "audio", "seq": item.seq, "start_sample": item.start_sample,
-                       "num_samples": int(item.samples.numel()), "pcm16": to_pcm16(item.samples),
-                       "samples": item.samples}
+    async def _events(self, req: OmniRequest, stream: PipelineStream,
+                      track: RequestTrack) -> AsyncIterator[dict]:
+        """The opened request's stream as plain events: text deltas, audio pieces, then done."""
+        import asyncio
+
+        detok = Detokenizer(self.tokenizer)
+        n_out, reason = 0, FinishReason.NONE
+        try:
+            async for item in stream:
+                if isinstance(item, TextDelta):
+                    n_out += len(item.token_ids)
+                    text = detok.add(item.token_ids, item.finished)
+                    if text:
+                        track.on_text()
+                        yield {"type": "text", "delta": text}
+                    if item.finished:
+                        reason = item.finish_reason
+                elif isinstance(item, AudioChunk):
+                    from omni_ray.audio import to_pcm16
+
+                    if item.samples.numel():
+                        track.on_audio()
+                    yield {"type": "audio", "seq": item.seq, "start_sample": item.start_sample,
+                           "num_samples": int(item.samples.numel()),
+                           "pcm16": to_pcm16(item.samples), "samples": item.samples}
+        except StageError as e:
+            track.finish(RequestStatus.ERROR, e.stage)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            track.finish(RequestStatus.ABORTED, "client_disconnect")
+            raise
+        except BaseException:
+            track.finish(RequestStatus.ERROR, "internal")
+            raise
+        finally:
+            stream.close()
+        track.finish(RequestStatus.OK)
         usage = {"prompt_tokens": len(req.prompt_token_ids), "completion_tokens": n_out,
                  "total_tokens": len(req.prompt_token_ids) + n_out}
         yield {"type": "done", "finish_reason": _finish(reason), "usage": usage,
@@ -275,14 +344,15 @@ class OmniIngress:
 
         asyncio.get_running_loop().create_task(later())
 
-    async def _complete(self, req: OmniRequest, audio_format: str, fault) -> dict:
+    async def _complete(self, req: OmniRequest, stream: PipelineStream, audio_format: str,
+                        track: RequestTrack) -> dict:
         import torch
 
         from omni_ray.audio import to_pcm16, wav_bytes
 
         text, pieces, done = "", [], None
         try:
-            async for ev in self._events(req, fault):
+            async for ev in self._events(req, stream, track):
                 if ev["type"] == "text":
                     text += ev["delta"]
                 elif ev["type"] == "audio":
@@ -303,7 +373,8 @@ class OmniIngress:
                 "choices": [{"index": 0, "message": message, "finish_reason": done["finish_reason"]}],
                 "usage": done["usage"]}
 
-    async def _sse(self, req: OmniRequest, include_usage: bool, fault) -> AsyncIterator[str]:
+    async def _sse(self, req: OmniRequest, stream: PipelineStream, include_usage: bool,
+                   track: RequestTrack) -> AsyncIterator[str]:
         created = int(time.time())
         base = {"id": req.request_id, "object": "chat.completion.chunk", "created": created,
                 "model": self.args.model_id}
@@ -314,9 +385,9 @@ class OmniIngress:
 
         audio_id = f"audio_{req.request_id[9:]}"
         pending_transcript = ""
-        yield chunk({"role": "assistant", "content": ""})
         try:
-            async for ev in self._events(req, fault):
+            yield chunk({"role": "assistant", "content": ""})
+            async for ev in self._events(req, stream, track):
                 if ev["type"] == "text":
                     if "text" in req.modalities:
                         yield chunk({"content": ev["delta"]})
@@ -337,6 +408,8 @@ class OmniIngress:
             logger.warning("request %s failed: %s", req.request_id, e)
             err = APIError(500, f"request {req.request_id} failed: {e}", type="server_error")
             yield f"data: {json.dumps(err.body())}\n\n"
+        finally:
+            stream.close()  # also when the client left before the first event
         yield "data: [DONE]\n\n"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 class APIError(Exception):
@@ -37,6 +38,17 @@ async def validation_error_handler(_: Request, exc: RequestValidationError) -> J
     param = ".".join(loc) or None
     msg = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
     return JSONResponse(APIError(400, msg, param=param).body(), status_code=400)
+
+
+_HTTP_TYPES = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
+
+
+async def http_error_handler(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own errors (unknown path, wrong method, ...) in OpenAI's schema."""
+    status = exc.status_code
+    kind = _HTTP_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    err = APIError(status, str(exc.detail), type=kind)
+    return JSONResponse(err.body(), status_code=status, headers=getattr(exc, "headers", None))
 
 
 async def unhandled_error_handler(_: Request, exc: Exception) -> JSONResponse:

@@ -1,9 +1,10 @@
 """Route one request through the stage deployments and merge their output streams.
 
-The ingress owns the request's lifecycle: it opens the stages from the last to the first (each
-``open`` returns the replica's engine handle, which the upstream stage pushes chunks to), merges
-the thinker's text and code2wav's audio into one stream, and on any error, cancel or client
-disconnect cancels every stage call, which aborts the request in each engine.
+The ingress owns the request's lifecycle: ``open`` opens the stages from the last to the first
+(each ``open`` returns the replica's engine handle, which the upstream stage pushes chunks to) and
+fails before any output when a stage rejects the request; the returned ``PipelineStream`` merges
+the thinker's text and code2wav's audio into one stream. On any error, cancel or client
+disconnect every stage call is cancelled, which aborts the request in each engine.
 """
 
 from __future__ import annotations
@@ -20,14 +21,36 @@ _DONE = object()
 class StageError(Exception):
     """A stage failed this request (the message names the stage)."""
 
+    def __init__(self, stage: str, message: str):
+        super().__init__(stage, message)  # every argument in ``args``: picklable across Ray
+        self.stage, self.message = stage, message
+
+    def __str__(self) -> str:
+        return f"{self.stage}: {self.message}"
+
+
+class StageUnavailable(Exception):
+    """A stage cannot take the request now: its queue is full (Serve's ``BackPressureError``)
+    or it has no replica. Answered with ``status_code`` (503 or 429) and ``Retry-After``."""
+
+    def __init__(self, stage: str, message: str, status_code: int = 503,
+                 retry_after_s: float | None = None):
+        super().__init__(stage, message, status_code, retry_after_s)
+        self.stage, self.message = stage, message
+        self.status_code, self.retry_after_s = status_code, retry_after_s
+
+    def __str__(self) -> str:
+        return f"{self.stage}: {self.message}"
+
 
 class PipelineClient:
     def __init__(self, thinker, talker, code2wav):
         self.thinker, self.talker, self.code2wav = thinker, talker, code2wav
 
-    async def run(self, req: OmniRequest) -> AsyncIterator[object]:
-        """Yield ``TextDelta`` and ``AudioChunk`` items as the stages produce them."""
-        gens, tasks = [], []
+    async def open(self, req: OmniRequest) -> "PipelineStream":
+        """Open every stage the request needs. Raises ``ValueError`` (invalid input),
+        ``StageUnavailable`` or ``StageError``; nothing stays open when it raises."""
+        gens = []
         try:
             downstream = None
             if req.wants_audio:
@@ -37,39 +60,99 @@ class PipelineClient:
                 tk = self.talker.options(stream=True).open.remote(req, c2w_engine)
                 gens.append(("talker", tk))
                 downstream = await _first(tk, "talker")
-            th = self.thinker.options(stream=True).open.remote(req, downstream)
-            gens.append(("thinker", th))
-            await _first(th, "thinker")
-            queue: asyncio.Queue = asyncio.Queue()
-            tasks = [asyncio.create_task(_pump(name, g, queue)) for name, g in gens]
-            remaining = len(tasks)
+            await self._open_thinker(req, downstream, gens)
+        except BaseException:
+            for _, g in gens:
+                _cancel(g)
+            raise
+        return PipelineStream(gens)
+
+    async def _open_thinker(self, req: OmniRequest, downstream, gens: list) -> None:
+        """Open the thinker (appending its call to ``gens``); the disaggregated client
+        (ingress/kv_client.py) replaces this with a prefill -> decode KV hand-off."""
+        th = self.thinker.options(stream=True).open.remote(req, downstream)
+        gens.append(("thinker", th))
+        await _first(th, "thinker")
+
+    async def run(self, req: OmniRequest) -> AsyncIterator[object]:
+        """``open`` then iterate: ``TextDelta`` and ``AudioChunk`` items as the stages produce them."""
+        async for item in await self.open(req):
+            yield item
+
+
+class PipelineStream:
+    """One opened request: iterate once for its merged items; a stage failure raises
+    ``StageError``. Leaving the iteration, ``close()`` or dropping it cancels every stage call."""
+
+    def __init__(self, gens: list):
+        self._gens = gens
+        self._tasks: list[asyncio.Task] = []
+
+    async def __aiter__(self) -> AsyncIterator[object]:
+        queue: asyncio.Queue = asyncio.Queue()
+        try:
+            self._tasks = [asyncio.create_task(_pump(name, g, queue)) for name, g in self._gens]
+            remaining = len(self._tasks)
             while remaining:
                 name, item = await queue.get()
                 if item is _DONE:
                     remaining -= 1
                 elif isinstance(item, BaseException):
-                    raise StageError(f"{name}: {item}") from item
+                    raise StageError(name, _first_line(item)) from item
                 else:
                     yield item
         finally:
-            for t in tasks:
-                t.cancel()
-            for _, g in gens:
-                g.cancel()
+            self.close()
+
+    def close(self) -> None:
+        """Cancel every stage call (idempotent)."""
+        for t in self._tasks:
+            t.cancel()
+        for _, g in self._gens:
+            _cancel(g)
+        self._tasks, self._gens = [], []
+
+    def __del__(self):  # opened but never iterated (e.g. the client left before the body began)
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _cancel(gen) -> None:
+    """Cancel a stage call. Serve's ``cancel()`` re-raises the call's error when its assignment
+    already failed (e.g. ``BackPressureError``): then there is nothing left to cancel."""
+    try:
+        gen.cancel()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 async def _first(gen, name: str):
+    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
     try:
         return await gen.__anext__()
     except StopAsyncIteration:
-        raise StageError(f"{name}: stream ended before it started") from None
+        raise StageError(name, "stream ended before it started") from None
     except ValueError:
         raise
     except Exception as e:  # a replica's ValueError arrives wrapped: keep it a ValueError
         cause = _root(e)
         if isinstance(cause, ValueError):
             raise ValueError(str(cause)) from e
-        raise StageError(f"{name}: {cause}") from e
+        if isinstance(cause, BackPressureError):
+            raise StageUnavailable(name, f"overloaded, retry later ({cause.message})",
+                                   cause.status_code, cause.retry_after_s) from e
+        if isinstance(cause, DeploymentUnavailableError):
+            raise StageUnavailable(name, cause.message) from e
+        raise StageError(name, _first_line(cause)) from e
+
+
+def _first_line(e: BaseException, limit: int = 300) -> str:
+    """What a client sees of an internal error: its first line (Ray's run to pages)."""
+    lines = str(e).strip().splitlines()
+    return (lines[0] if lines else type(e).__name__)[:limit]
 
 
 async def _pump(name: str, gen, queue: asyncio.Queue) -> None:

@@ -14,6 +14,7 @@ from omni_ray.payload.chunks import (
 )
 from omni_ray.payload.codec import decode, decode_chunk, encode, encode_chunk
 from omni_ray.payload.errors import PayloadDecodeError, PayloadEncodeError, PayloadError
+from omni_ray.payload.kv import KVChunk
 
 __all__ = [
     "CHUNK_TYPES",
@@ -21,6 +22,7 @@ __all__ = [
     "Chunk",
     "CodecChunk",
     "FinishReason",
+    "KVChunk",
     "PayloadDecodeError",
     "PayloadEncodeError",
     "PayloadError",

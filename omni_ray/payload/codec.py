@@ -37,6 +37,7 @@ import torch
 
 from omni_ray.payload.chunks import CHUNK_TYPES, Chunk, FinishReason
 from omni_ray.payload.errors import PayloadDecodeError, PayloadEncodeError, PayloadError
+from omni_ray.payload.kv import KVChunk
 
 FORMAT = "omni_ray.payload"
 VERSION = 1
@@ -53,6 +54,8 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _NUMPY_KINDS = "biufc"  # bool, signed, unsigned, float, complex: fixed-size numeric data
 _ENUM_TYPES: dict[str, type[enum.IntEnum]] = {"FinishReason": FinishReason}
+# Every chunk-like type the codec encodes: the stage-edge chunks plus the KV-transfer payload.
+CODEC_TYPES: dict[str, type] = {**CHUNK_TYPES, KVChunk.__name__: KVChunk}
 _HEX_INT = re.compile(r"-?[0-9a-f]+")  # format(n, "x")
 _FLOAT_BITS = re.compile(r"[0-9a-f]{16}")  # struct.pack(">d", x).hex()
 
@@ -80,7 +83,7 @@ def decode(buf: np.ndarray | bytes | bytearray | memoryview) -> object:
 
 def encode_chunk(chunk: Chunk) -> np.ndarray:
     """Encode one chunk (validated); anything that is not a chunk is a `PayloadEncodeError`."""
-    if type(chunk) not in CHUNK_TYPES.values():
+    if type(chunk) not in CODEC_TYPES.values():
         raise PayloadEncodeError(f"expected a chunk type, got {_type_name(chunk)}", path="chunk")
     return _encode(chunk, root="chunk")
 
@@ -89,7 +92,7 @@ def decode_chunk(buf: np.ndarray | bytes | bytearray | memoryview,
                  expected_type: type | None = None) -> Chunk:
     """Decode one validated chunk, optionally checking it is an `expected_type`."""
     obj = decode(buf)
-    if type(obj) not in CHUNK_TYPES.values():
+    if type(obj) not in CODEC_TYPES.values():
         raise PayloadDecodeError(f"expected a chunk, got {_type_name(obj)}")
     if expected_type is not None and type(obj) is not expected_type:
         raise PayloadDecodeError(
@@ -179,7 +182,7 @@ class _Encoder:
             return self._tensor(x, path)
         if t is np.ndarray:
             return self._ndarray(x, path)
-        if t in (list, tuple, dict) or t in CHUNK_TYPES.values():
+        if t in (list, tuple, dict) or t in CODEC_TYPES.values():
             return self._container(x, path)
         raise PayloadEncodeError(f"unsupported type {_type_name(x)}", path=path)
 
@@ -339,7 +342,7 @@ class _Decoder:
 
     def _chunk(self, node: dict, path: str) -> Chunk:
         _expect_keys(node, {"k", "t", "f"}, path)
-        cls = CHUNK_TYPES.get(node["t"]) if type(node["t"]) is str else None
+        cls = CODEC_TYPES.get(node["t"]) if type(node["t"]) is str else None
         if cls is None:
             raise PayloadDecodeError(f"unknown chunk type {node['t']!r}", path=path)
         names = {f.name for f in dataclasses.fields(cls)}

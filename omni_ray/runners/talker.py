@@ -70,7 +70,7 @@ class TalkerRunner:
     """Step loop that owns the talker (with its code predictor)."""
 
     def __init__(self, talker, text_embedding, config, *, max_num_seqs: int = 64,
-                 device: str = "cpu"):
+                 device: str = "cpu", batch_code_predictor: bool | None = None):
         self.model = talker
         self.embed_text = text_embedding  # thinker's token embedding table
         self.cfg = config                 # Qwen3OmniMoeConfig
@@ -84,6 +84,11 @@ class TalkerRunner:
                              config.thinker_config.video_token_id}
         self.max_num_seqs = max_num_seqs
         self.device = device
+        # One batched code-predictor pass per step for all decoding requests. Off on CPU by
+        # default: batching changes GEMM shapes, so float32 results may differ in the last bits
+        # from a request decoded alone; on GPU the speed matters more.
+        self.batch_code_predictor = (str(device).startswith("cuda") if batch_code_predictor is None
+                                     else batch_code_predictor)
         self._seqs: dict[str, _Seq] = {}
         with torch.inference_mode():
             special = torch.tensor([[config.tts_bos_token_id, config.tts_eos_token_id,
@@ -145,13 +150,22 @@ class TalkerRunner:
     def step(self) -> list[TalkerStepOutput]:
         outputs = []
         ready = [s for s in self._seqs.values() if s.ready()][: self.max_num_seqs]
+        # 1) Code predictor for the decoding requests: one batch (same shapes for every request).
+        residual = {}
+        decoding = [s for s in ready if s.cache is not None]
+        if self.batch_code_predictor and len(decoding) > 1:
+            try:
+                residual = self._residual_codes_batch(decoding)
+            except Exception:  # fall back to one request at a time, which isolates the failure
+                residual = {}
+        # 2) Talker backbone, request by request (each owns its KV cache).
         for seq in ready:
             frames = torch.empty((0, self.num_code_groups), dtype=torch.long)
             try:
                 if seq.cache is None:
                     self._prefill(seq)
                 else:
-                    frames = self._decode(seq)
+                    frames = self._decode(seq, residual.get(seq.request_id))
             except Exception as e:  # one request's failure never touches the others
                 del self._seqs[seq.request_id]
                 outputs.append(TalkerStepOutput(seq.request_id, frames, True, FinishReason.ERROR,
@@ -190,9 +204,9 @@ class TalkerRunner:
         seq.cache = DynamicCache(config=self.model.config.text_config)
         self._forward(seq, embeds, 0)
 
-    def _decode(self, seq: _Seq) -> torch.Tensor:
+    def _decode(self, seq: _Seq, residual=None) -> torch.Tensor:
         k = seq.gen_step
-        frame, codec_embed = self._residual_codes(seq)
+        frame, codec_embed = residual if residual is not None else self._residual_codes(seq)
         embeds = codec_embed + self._trailing(seq, k)
         seq.gen_step += 1
         self._forward(seq, embeds, seq.cache.get_seq_length())
@@ -220,6 +234,35 @@ class TalkerRunner:
             if step < self.num_code_groups - 1:
                 out = cp(input_ids=code_t, cache=out.cache, use_cache=True, generation_steps=step)
         return torch.tensor([codes], dtype=torch.long), embed_sum
+
+    def _residual_codes_batch(self, seqs: list[_Seq]) -> dict:
+        """``_residual_codes`` for several requests in one batch: {request_id: (frame, embed)}."""
+        from transformers import DynamicCache
+
+        cp = self.model.code_predictor
+        last = torch.tensor([[s.codec_ids[-1]] for s in seqs], device=self.device)
+        last_embed = self.model.get_input_embeddings()(last)                 # [B, 1, D]
+        past = torch.cat([s.past_hidden for s in seqs], dim=0)               # [B, 1, D]
+        out = cp(inputs_embeds=torch.cat([past, last_embed], dim=1),
+                 cache=DynamicCache(config=cp.config), use_cache=True)
+        codes = [last[:, 0]]
+        embed_sum = last_embed
+        params = [_code_predictor_params(s.params) for s in seqs]
+        for step in range(1, self.num_code_groups):
+            logits = out.logits[:, -1]
+            if all(p.greedy for p in params):
+                code = logits.argmax(-1)
+            else:
+                code = torch.tensor([sample_token(logits[i], p, None, None, s.generator)
+                                     for i, (p, s) in enumerate(zip(params, seqs))],
+                                    device=self.device)
+            codes.append(code)
+            code_t = code.view(-1, 1)
+            embed_sum = embed_sum + cp.get_input_embeddings()[step - 1](code_t)
+            if step < self.num_code_groups - 1:
+                out = cp(input_ids=code_t, cache=out.cache, use_cache=True, generation_steps=step)
+        frames = torch.stack(codes, dim=1).to("cpu", torch.long)            # [B, 16]
+        return {s.request_id: (frames[i:i + 1], embed_sum[i:i + 1]) for i, s in enumerate(seqs)}
 
     def _trailing(self, seq: _Seq, k: int) -> torch.Tensor:
         a = seq.stream

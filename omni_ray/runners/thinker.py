@@ -4,6 +4,11 @@ Each ``step()`` advances every running request by one token: a request that has 
 prefilled runs its prompt, the others decode one token. Requests join (``add_request``) and leave
 (finish or ``abort``) between steps; each owns its ``DynamicCache``, so a request's tokens do not
 depend on which others share the step.
+
+Prefill/decode disaggregation: ``prefill_only`` runs a prompt and samples its first token without
+registering the request (the prefill replica keeps the returned cache until it has saved it);
+``add_prefilled`` registers a request whose KV was computed elsewhere: its next step emits the
+given first token, then it decodes as usual, so its output equals an unsplit run's.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import torch
 
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
+from omni_ray.runners.kv import Prefilled
 from omni_ray.runners.sampling import make_generator, sample_token
 
 
@@ -40,6 +46,7 @@ class _Seq:
     output_ids: list[int] = field(default_factory=list)
     cache: object = None
     rope_delta: int = 0  # mrope offset of decode positions (0 for text-only prompts)
+    first_token: int | None = None  # sampled by a prefill elsewhere; the next step emits it
 
     @property
     def prefilled(self) -> bool:
@@ -69,6 +76,36 @@ class ThinkerRunner:
         stop = self.eos_token_ids | frozenset(stop_token_ids or ())
         self._seqs[request_id] = _Seq(request_id, list(prompt_ids), params, max_tokens, stop,
                                       make_generator(params))
+
+    def add_prefilled(self, request_id: str, prompt_ids: list[int], first_token: int, cache,
+                      params: SamplingParams, max_tokens: int,
+                      stop_token_ids: list[int] | None = None, *,
+                      rng_state: torch.Tensor | None = None, rope_delta: int = 0) -> None:
+        """Register a request whose prompt KV (``cache``) and first token came from a prefill
+        elsewhere. ``rng_state`` continues a seeded sampler exactly where the prefill left it."""
+        self.add_request(request_id, prompt_ids, params, max_tokens, stop_token_ids)
+        seq = self._seqs[request_id]
+        try:
+            if cache.get_seq_length() != len(seq.prompt_ids):
+                raise ValueError(f"cache holds {cache.get_seq_length()} tokens, the prompt has "
+                                 f"{len(seq.prompt_ids)}")
+            if rng_state is not None and seq.generator is not None:
+                seq.generator.set_state(rng_state)
+        except BaseException:
+            del self._seqs[request_id]  # nothing half-registered stays behind
+            raise
+        seq.cache, seq.first_token, seq.rope_delta = cache, int(first_token), rope_delta
+
+    @torch.inference_mode()
+    def prefill_only(self, prompt_ids: list[int], params: SamplingParams) -> Prefilled:
+        """Run a prompt and sample its first token, exactly as ``step`` would, without
+        registering the request; the caller owns (and frees) the returned cache."""
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        seq = _Seq("", list(prompt_ids), params, 1, frozenset(), make_generator(params))
+        token = self._advance(seq)
+        state = seq.generator.get_state() if seq.generator is not None else None
+        return Prefilled(token, seq.cache, len(seq.prompt_ids), state, seq.rope_delta)
 
     def abort(self, request_id: str) -> bool:
         return self._seqs.pop(request_id, None) is not None
@@ -111,6 +148,9 @@ class ThinkerRunner:
     def _advance(self, seq: _Seq) -> int:
         from transformers import DynamicCache
 
+        if seq.first_token is not None:  # prefilled elsewhere: emit its token, no model call
+            token, seq.first_token = seq.first_token, None
+            return token
         if not seq.prefilled:
             ids = seq.prompt_ids
             start = 0

@@ -20,11 +20,13 @@ import time
 from dataclasses import dataclass, field
 
 from omni_ray.config.request import OmniRequest
+from omni_ray.metrics import EngineMetrics
 from omni_ray.payload import decode_chunk, encode_chunk
 from omni_ray.stages.logic import Emit, StageRequestError, build_stage_logic
 from omni_ray.transport.ray_push import ChunkSender, Reorderer
 
 _END = object()
+_NEXT_STAGE = {"thinker": "talker", "talker": "code2wav"}
 
 
 @dataclass
@@ -51,6 +53,7 @@ class StageEngine:
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
         self.counters = dict(steps=0, chunks_in=0, bytes_in=0, chunks_out=0, aborts=0, errors=0)
+        self.metrics = EngineMetrics(stage)
 
     # -- control plane (called by the Serve replica) ----------------------------------------
     async def ready(self) -> str:
@@ -63,8 +66,11 @@ class StageEngine:
         rid = request.request_id
         if rid in self._reqs:
             raise ValueError(f"duplicate request_id {rid!r}")
-        sender = (ChunkSender(downstream, self.pipeline.max_chunks_in_flight)
-                  if downstream is not None else None)
+        sender = None
+        if downstream is not None:
+            sender = ChunkSender(downstream, self.pipeline.max_chunks_in_flight,
+                                 on_ack=self.metrics.on_chunk_acked,
+                                 on_error=lambda e: self._on_push_error(rid, e))
         self._reqs[rid] = _ReqState(rid, asyncio.Queue(), sender)
         try:
             await self._call(lambda: self.logic.add(request, downstream is not None))
@@ -106,8 +112,14 @@ class StageEngine:
         await self._call(lambda: self.logic.fail_next_step(request_id))
 
     async def stats(self) -> dict:
+        import os
+
+        import ray
+
+        ctx = ray.get_runtime_context()
         return dict(
             stage=self.stage,
+            actor_id=ctx.get_actor_id(), node_id=ctx.get_node_id(), pid=os.getpid(),
             requests=len(self._reqs),
             runner_requests=await self._call(self.logic.num_requests),
             senders_in_flight=sum(s.sender.in_flight for s in self._reqs.values() if s.sender),
@@ -149,6 +161,8 @@ class StageEngine:
             while True:
                 # 1) Apply commands; block only when there is nothing to step.
                 block = not self.logic.has_work()
+                if block:
+                    self.metrics.on_idle(len(self._reqs))
                 while True:
                     try:
                         kind, arg, fut = self._cmds.get(block=block, timeout=None)
@@ -161,6 +175,7 @@ class StageEngine:
                 if self.logic.has_work():
                     emits = self.logic.step()
                     self.counters["steps"] += 1
+                    self.metrics.on_step(self.logic.last_batch_size, len(self._reqs))
                     self._dispatch(emits)
         except BaseException as e:  # the loop itself broke: fail everything, loudly
             self._dead = e
@@ -206,6 +221,17 @@ class StageEngine:
                     st.finished = True
                     st.out.put_nowait(_END)
 
+    def _on_push_error(self, request_id: str, exc: BaseException) -> None:
+        """A push to the next stage failed (e.g. its engine died): end this request with an
+        error; ``stream`` then aborts it here. The step loop goes on for the others."""
+        st = self._reqs.get(request_id)
+        if st is None or st.finished:
+            return
+        self.counters["errors"] += 1
+        st.out.put_nowait(StageRequestError(
+            f"{self.stage}: push to {_NEXT_STAGE.get(self.stage, 'the next stage')} failed: "
+            f"{_brief(exc)}"))
+
     def _drop(self, request_id: str) -> None:
         st = self._reqs.pop(request_id, None)
         if st is None:
@@ -221,6 +247,12 @@ class StageEngine:
         for st in self._reqs.values():
             st.finished = True
             st.out.put_nowait(StageRequestError(f"{self.stage} engine loop died: {exc!r}"))
+
+
+def _brief(exc: BaseException) -> str:
+    """Type and first line of an error (Ray's actor errors run to many lines)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
 
 
 def _set_result(fut, value) -> None:

@@ -34,6 +34,7 @@ class StageLogic:
     """Common surface; subclasses own one runner."""
 
     stage: str = ""
+    last_batch_size: int = 0  # requests advanced by the latest step (a metric)
 
     def add(self, req: OmniRequest, has_downstream: bool) -> None: ...
     def on_chunk(self, chunk) -> list[Emit]: return []
@@ -69,7 +70,9 @@ class ThinkerLogic(StageLogic):
 
     def step(self) -> list[Emit]:
         emits = [self._fault(rid) for rid in list(self._fail)]
-        for out in self.runner.step():
+        outs = self.runner.step()
+        self.last_batch_size = len(outs)
+        for out in outs:
             rid = out.request_id
             seq = self._seq[rid]
             self._seq[rid] = seq + 1
@@ -146,7 +149,9 @@ class TalkerLogic(StageLogic):
 
     def step(self) -> list[Emit]:
         emits = [self._fault(rid) for rid in list(self._fail)]
-        for out in self.runner.step():
+        outs = self.runner.step()
+        self.last_batch_size = len(outs)
+        for out in outs:
             rid = out.request_id
             if out.error:
                 emits.append(self._error_emit(rid, out.error))
@@ -210,6 +215,7 @@ class Code2WavLogic(StageLogic):
     def step(self) -> list[Emit]:
         emits = [self._fault(rid) for rid in list(self._fail)]
         pending, self._pending = self._pending, []
+        self.last_batch_size = len({c.request_id for c in pending})
         for chunk in pending:
             rid = chunk.request_id
             if rid not in self._seq:

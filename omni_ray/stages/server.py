@@ -6,7 +6,9 @@ A replica creates its engine actor (which loads the model) and handles the contr
 yields the engine's actor handle first (the ingress passes it to the upstream stage, so all of a
 request's chunks for this stage reach this replica), then yields the request's encoded output
 items until the end. Cancelling the call (client gone, ingress abort) aborts the request in the
-engine; an engine error ends the stream with ``StageRequestError``.
+engine; an engine error ends the stream with ``StageRequestError``. If the engine actor dies, every
+request on it ends with ``StageRequestError`` at once and ``check_health`` fails from then on, so
+Serve replaces the replica (and its engine) within ``health_check_period_s``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.serving import OmniServingArgs
+from omni_ray.stages.logic import StageRequestError
 
 logger = logging.getLogger("ray.serve")
 
@@ -26,10 +29,8 @@ class StageServer:
     def __init__(self, args: OmniServingArgs | dict):
         import ray
 
-        from omni_ray.stages.engine import StageEngine
-
         args = OmniServingArgs.model_validate(args)
-        cfg = getattr(args, self.stage)
+        cfg = self.stage_config(args)
         model_dir = args.checkpoint_dir()
         res = cfg.engine_resources
         options = dict(num_cpus=res.num_cpus, num_gpus=res.num_gpus, resources=res.resources,
@@ -40,15 +41,31 @@ class StageServer:
 
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 pg, placement_group_bundle_index=len(pg.bundle_specs) - 1)
-        self.engine = ray.remote(StageEngine).options(**options).remote(
-            self.stage, model_dir, cfg, args.pipeline, args.max_model_len)
+        engine_cls, engine_kwargs = self.engine_spec(args)
+        self.engine = ray.remote(engine_cls).options(**options).remote(
+            self.stage, model_dir, cfg, args.pipeline, args.max_model_len, **engine_kwargs)
         self._ready = self.engine.ready.remote()
+        self._engine_died: str | None = None  # set once the engine actor is gone for good
 
-    async def open(self, request: OmniRequest, downstream=None):
-        await self._ready
+    @classmethod
+    def stage_config(cls, args: OmniServingArgs):
+        """This stage's ``StageConfig`` (the disaggregated thinker's servers override it)."""
+        return getattr(args, cls.stage)
+
+    def engine_spec(self, args: OmniServingArgs) -> tuple[type, dict]:
+        """The engine actor class and its extra constructor kwargs."""
+        from omni_ray.stages.engine import StageEngine
+
+        return StageEngine, {}
+
+    async def open(self, request: OmniRequest, downstream=None, **add_kwargs):
+        """``add_kwargs`` go to the engine's ``add_request`` (``expect_kv`` for ThinkerDecode)."""
+        from ray.exceptions import ActorDiedError, RayActorError
+
         rid = request.request_id
-        await self.engine.add_request.remote(request, downstream)
         try:
+            await self._ready
+            await self.engine.add_request.remote(request, downstream, **add_kwargs)
             yield self.engine
             gen = self.engine.stream.options(num_returns="streaming").remote(rid)
             async for ref in gen:
@@ -56,6 +73,11 @@ class StageServer:
         except (asyncio.CancelledError, GeneratorExit):
             self.engine.abort.remote(rid)  # fire and forget: we are being cancelled
             raise
+        except RayActorError as e:
+            if isinstance(e, ActorDiedError):
+                self._engine_died = type(e).__name__
+                raise StageRequestError("engine died; the replica is being replaced") from None
+            raise StageRequestError(f"engine unreachable ({type(e).__name__})") from None
 
     async def abort(self, request_id: str) -> bool:
         return await self.engine.abort.remote(request_id)
@@ -68,6 +90,9 @@ class StageServer:
         return await self.engine.stats.remote()
 
     async def check_health(self) -> None:
+        """Fails once the engine actor is dead (or its loop died): Serve replaces the replica."""
+        if self._engine_died is not None:
+            raise RuntimeError(f"{self.stage} engine died ({self._engine_died})")
         await asyncio.wait_for(self.engine.ready.remote(), timeout=30)
 
 

@@ -15,7 +15,7 @@
   const state = (window.__playground = {
     status: "idle", model: null, error: null, requests: 0,
     text: "", transcript: "", finishReason: null, usage: null,
-    firstTokenMs: null, firstAudioMs: null,
+    firstTokenMs: null, firstAudioMs: null, doneMs: null,
     audioChunksScheduled: 0, audioSeconds: 0, playbackStarted: false,
   });
   const history = []; // this conversation, as OpenAI messages
@@ -122,7 +122,7 @@
     src.connect(p.ctx.destination);
     const startAt = Math.max(p.nextTime, p.ctx.currentTime + LEAD_S);
     src.start(startAt);
-    src.onended = () => p.sources.delete(src);
+    src.onended = () => { p.sources.delete(src); render(); };
     p.sources.add(src);
     p.nextTime = startAt + buffer.duration;
     state.audioChunksScheduled += 1;
@@ -175,7 +175,8 @@
   const ms = (v) => (v === null ? "–" : `${v} ms`);
 
   function render() {
-    $("status").textContent = state.status + (state.playbackStarted && state.status !== "idle" ? " · playing" : "");
+    const playing = player !== null && player.sources.size > 0 && state.playbackStarted;
+    $("status").textContent = state.status + (playing ? " · playing" : "");
     $("ttft").textContent = ms(state.firstTokenMs);
     $("ttfa").textContent = ms(state.firstAudioMs);
     $("audio-duration").textContent = state.audioChunksScheduled
@@ -198,7 +199,7 @@
     const reqId = ++state.requests;
     Object.assign(state, {
       status: "connecting", text: "", transcript: "", finishReason: null, usage: null,
-      firstTokenMs: null, firstAudioMs: null, audioChunksScheduled: 0, audioSeconds: 0,
+      firstTokenMs: null, firstAudioMs: null, doneMs: null, audioChunksScheduled: 0, audioSeconds: 0,
       playbackStarted: false,
     });
     render();
@@ -226,7 +227,7 @@
       state.status = "streaming";
       render();
       await readSSE(resp, (data) => {
-        if (data === "[DONE]") return "done";
+        if (data === "[DONE]") { state.doneMs = since(); return "done"; }
         const ev = JSON.parse(data);
         if (ev.error) { // a failure after the stream began: {"error": {...}} as an event
           showError(`stream error: ${ev.error.message || JSON.stringify(ev.error)}`);

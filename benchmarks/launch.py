@@ -1,0 +1,79 @@
+"""Start the app locally for a benchmark: one Ray cluster, Serve on a free port, one app per setup.
+
+Setups are named ``tiny-async`` / ``tiny-sync`` (the tiny checkpoint, pipeline mode async_chunk or
+sync); each is deployed as its own Serve application under ``/<setup>``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+SETUPS = {"tiny-async": "async_chunk", "tiny-sync": "sync"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_model_dir() -> str:
+    """The tiny checkpoint in omni_ray's cache dir (made on first use, ~seconds)."""
+    from omni_ray.constants import default_model_dir
+    from omni_ray.models.tiny import ensure_tiny_checkpoint
+
+    return str(ensure_tiny_checkpoint(default_model_dir()))
+
+
+def app_args(setup: str, model_dir: str) -> dict:
+    if setup not in SETUPS:
+        raise ValueError(f"unknown setup {setup!r}; known: {sorted(SETUPS)}")
+    return {"model": model_dir, "model_id": "qwen3-omni", "pipeline": {"mode": SETUPS[setup]},
+            "security": {"enable_debug_endpoints": True}}
+
+
+class LocalServe:
+    """``with LocalServe() as ls: url = ls.deploy("tiny-async", model_dir)``; all torn down on
+    exit (``serve.shutdown`` then ``ray.shutdown``)."""
+
+    def __init__(self, num_cpus: int | None = None, object_store_mb: int = 512):
+        self.num_cpus = num_cpus or os.cpu_count()
+        self.object_store_mb = object_store_mb
+        self.port: int | None = None
+
+    def __enter__(self) -> "LocalServe":
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
+        import ray
+        from ray import serve
+
+        ray.init(address="local", num_cpus=self.num_cpus, include_dashboard=False,
+                 object_store_memory=self.object_store_mb << 20, log_to_driver=False)
+        self.port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": self.port})
+        return self
+
+    def deploy(self, setup: str, model_dir: str) -> str:
+        """Deploy ``setup`` as app ``setup`` under ``/setup``; returns its base URL."""
+        from ray import serve
+
+        from omni_ray import build_omni_app
+
+        serve.run(build_omni_app(app_args(setup, model_dir)), name=setup,
+                  route_prefix=f"/{setup}")
+        return f"http://127.0.0.1:{self.port}/{setup}"
+
+    def undeploy(self, setup: str) -> None:
+        from ray import serve
+
+        serve.delete(setup)
+
+    def __exit__(self, *exc) -> None:
+        import ray
+        from ray import serve
+
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()

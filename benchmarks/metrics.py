@@ -1,0 +1,189 @@
+"""Pure measurement pieces: SSE line parsing, one request's record, percentiles, RTF, summaries.
+
+No I/O, no clocks read here: callers pass timestamps (``time.perf_counter()`` seconds), so every
+function is checked on hand-made inputs (``tests/benchmarks/test_bench_smoke.py``).
+
+Definitions (all seconds, from the moment the request was sent):
+
+* TTFT: first non-empty ``choices[0].delta.content``;
+* TTFA: first non-empty ``choices[0].delta.audio.data`` (base64 PCM16, 24 kHz mono);
+* audio duration: streamed PCM16 samples / 24000;
+* RTF: (last audio packet - request start) / audio duration (< 1: faster than real time);
+* end-to-end: ``data: [DONE]`` (or the stream's end) - request start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+SAMPLE_RATE = 24000
+PCM16_BYTES = 2
+DONE = "[DONE]"  # what parse_sse_line returns for ``data: [DONE]``
+
+
+def parse_sse_line(line: str) -> dict | str | None:
+    """One line of a ``text/event-stream`` body -> its JSON object, ``DONE``, or None.
+
+    None for lines that carry no data (blank separators, ``: comments``, ``event:``/``id:``).
+    Raises ``ValueError`` on a ``data:`` line whose payload is not JSON.
+    """
+    line = line.rstrip("\r\n")
+    if not line.startswith("data:"):
+        return None
+    payload = line[5:].strip()
+    if payload == DONE:
+        return DONE
+    if not payload:
+        return None
+    try:
+        return json.loads(payload)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"bad SSE data line: {payload[:80]!r}") from e
+
+
+def b64_decoded_len(data: str) -> int:
+    """Bytes encoded by a padded base64 string, without decoding it."""
+    n = len(data)
+    if n == 0:
+        return 0
+    if n % 4:
+        raise ValueError(f"base64 length {n} is not a multiple of 4")
+    return n // 4 * 3 - (2 if data.endswith("==") else 1 if data.endswith("=") else 0)
+
+
+def rtf(generation_s: float | None, audio_s: float | None) -> float | None:
+    """Real-time factor: seconds spent producing the audio per second of audio (None if none)."""
+    if generation_s is None or not audio_s:
+        return None
+    return generation_s / audio_s
+
+
+@dataclass
+class RequestRecord:
+    """What one streamed request did; times are absolute ``perf_counter`` seconds."""
+
+    start: float
+    first_text: float | None = None
+    first_audio: float | None = None
+    last_audio: float | None = None
+    end: float | None = None
+    audio_bytes: int = 0
+    audio_packets: int = 0
+    text: str = ""
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def on_event(self, event: dict | str, now: float) -> None:
+        """Fold one parsed SSE event (``parse_sse_line``'s output) in, received at ``now``."""
+        if event == DONE:
+            self.end = now
+            return
+        if "error" in event:
+            err = event["error"]
+            self.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+            return
+        if event.get("usage"):
+            self.completion_tokens = event["usage"].get("completion_tokens")
+            self.prompt_tokens = event["usage"].get("prompt_tokens")
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self.text += delta["content"]
+                if self.first_text is None:
+                    self.first_text = now
+            data = (delta.get("audio") or {}).get("data")
+            if data:
+                self.audio_bytes += b64_decoded_len(data)
+                self.audio_packets += 1
+                self.last_audio = now
+                if self.first_audio is None:
+                    self.first_audio = now
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.end is not None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_text is None else self.first_text - self.start
+
+    @property
+    def ttfa(self) -> float | None:
+        return None if self.first_audio is None else self.first_audio - self.start
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.audio_bytes / PCM16_BYTES / SAMPLE_RATE
+
+    @property
+    def rtf(self) -> float | None:
+        gen = None if self.last_audio is None else self.last_audio - self.start
+        return rtf(gen, self.audio_seconds)
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.end is None else self.end - self.start
+
+    def summary(self) -> dict:
+        """JSON-ready: the derived metrics plus the raw counts (text shortened)."""
+        raw = asdict(self)
+        raw["text"] = self.text[:80]
+        return dict(ttft=self.ttft, ttfa=self.ttfa, audio_seconds=self.audio_seconds,
+                     rtf=self.rtf, e2e=self.e2e, output_tokens=self.completion_tokens,
+                     ok=self.ok, **{k: raw[k] for k in ("audio_packets", "finish_reason",
+                                                         "error", "text", "prompt_tokens")})
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation (numpy's default method)."""
+    if not values:
+        raise ValueError("percentile of an empty list")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def stats(values: list[float | None]) -> dict:
+    """n, mean, p50, p90, p99, min, max over the non-None values (n=0 and Nones if none)."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return dict(n=0, mean=None, p50=None, p90=None, p99=None, min=None, max=None)
+    return dict(n=len(xs), mean=sum(xs) / len(xs), p50=percentile(xs, 50),
+                p90=percentile(xs, 90), p99=percentile(xs, 99), min=min(xs), max=max(xs))
+
+
+@dataclass
+class RunSummary:
+    """Aggregate of one load level (a concurrency or a request rate)."""
+
+    num_requests: int
+    num_ok: int
+    wall_s: float
+    requests_per_s: float
+    output_tokens_per_s: float
+    audio_seconds_per_s: float
+    metrics: dict = field(default_factory=dict)  # name -> stats() dict
+
+
+def summarize(records: list[RequestRecord], wall_s: float) -> RunSummary:
+    """Percentiles of each metric over successful requests; rates over ``wall_s``."""
+    if wall_s <= 0:
+        raise ValueError(f"wall_s must be > 0, got {wall_s}")
+    ok = [r for r in records if r.ok]
+    tokens = sum(r.completion_tokens or 0 for r in ok)
+    audio = sum(r.audio_seconds for r in ok)
+    metrics = {name: stats([getattr(r, name) for r in ok])
+               for name in ("ttft", "ttfa", "rtf", "e2e", "audio_seconds")}
+    metrics["output_tokens"] = stats([r.completion_tokens for r in ok])
+    return RunSummary(num_requests=len(records), num_ok=len(ok), wall_s=wall_s,
+                      requests_per_s=len(ok) / wall_s, output_tokens_per_s=tokens / wall_s,
+                      audio_seconds_per_s=audio / wall_s, metrics=metrics)

@@ -1,0 +1,239 @@
+"""Load generator against the OpenAI endpoint: TTFT, TTFA, RTF, e2e, throughput.
+
+Against a running app::
+
+    python -m benchmarks.serve_bench --url http://127.0.0.1:8000 --concurrency 1,4,8
+
+Or start the app itself, one setup after the other, in one command (each setup is a Serve app on
+a local Ray cluster, torn down at the end)::
+
+    python -m benchmarks.serve_bench --start tiny-async,tiny-sync --concurrency 1,2,4
+
+Closed loop (``--concurrency``: N clients back to back) or open loop (``--request-rate``: Poisson
+arrivals at R requests/s). Writes ``benchmarks/results/<out>.json`` and ``<out>.png`` (TTFA and
+RTF p50 against the load, one line per label) and prints one summary line per load level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make ``benchmarks`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.client import chat_body, make_client, served_model, stream_chat
+from benchmarks.machine import RESULTS_DIR, machine_info, write_json
+from benchmarks.metrics import RequestRecord, summarize
+
+FIXED_PROMPTS = [
+    "Tell me a short story about a dragon who learns to sing.",
+    "Explain how a rainbow forms, in simple words.",
+    "What should I pack for a weekend hiking trip in the mountains?",
+    "Describe your favourite city and why people love to visit it.",
+    "Give me three tips for learning to play the guitar.",
+    "How do bees make honey? Please explain step by step.",
+    "Write a friendly message inviting a neighbour to dinner.",
+    "Why is the sky blue during the day and red at sunset?",
+]
+
+_WORDS = ("time person year way day thing man world life hand part child eye woman place work "
+          "week case point number group problem fact good new first last long great little own "
+          "other old right big high different small large next early young important few public "
+          "bad same able river music garden window morning story light water city road table "
+          "paper house voice song travel market summer winter animal forest ocean mountain").split()
+
+
+def make_prompts(kind: str, n: int, input_len: int, seed: int) -> list[str]:
+    """``fixed``: the built-in set, cycled; ``random``: ``input_len`` random common words each
+    (about one token a word with Qwen's tokenizer)."""
+    if kind == "fixed":
+        return [FIXED_PROMPTS[i % len(FIXED_PROMPTS)] for i in range(n)]
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(_WORDS) for _ in range(input_len)) for _ in range(n)]
+
+
+async def closed_loop(client, url: str, bodies: list[dict], concurrency: int, pbar
+                      ) -> tuple[list[RequestRecord], float]:
+    """``concurrency`` workers send the bodies back to back; returns records and wall time."""
+    todo = list(enumerate(bodies))
+    records: list[RequestRecord | None] = [None] * len(bodies)
+
+    async def worker():
+        while todo:
+            i, body = todo.pop(0)
+            records[i] = await stream_chat(client, url, body)
+            pbar.update(1)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(bodies)))))
+    return records, time.perf_counter() - t0
+
+
+async def open_loop(client, url: str, bodies: list[dict], rate: float, seed: int, pbar
+                    ) -> tuple[list[RequestRecord], float]:
+    """Poisson arrivals at ``rate`` requests/s (exponential gaps, seeded), no concurrency cap."""
+    rng = random.Random(seed)
+
+    async def one(body):
+        rec = await stream_chat(client, url, body)
+        pbar.update(1)
+        return rec
+
+    t0 = time.perf_counter()
+    tasks = []
+    for i, body in enumerate(bodies):
+        if i:
+            await asyncio.sleep(rng.expovariate(rate))
+        tasks.append(asyncio.create_task(one(body)))
+    records = await asyncio.gather(*tasks)
+    return list(records), time.perf_counter() - t0
+
+
+async def bench_url(url: str, label: str, args) -> list[dict]:
+    """Every load level of ``args`` against ``url``; returns one result dict per level."""
+    from tqdm import tqdm
+
+    levels = ([("rate", r) for r in _floats(args.request_rate)] if args.request_rate
+              else [("concurrency", c) for c in _ints(args.concurrency)])
+    max_c = max(int(v) if k == "concurrency" else args.num_requests for k, v in levels)
+    async with make_client(max_c) as client:
+        model = args.model_id or await served_model(client, url)
+        max_tokens = args.output_len if args.prompts == "random" else args.max_tokens
+
+        def bodies(n, seed):
+            return [chat_body(p, model=model, max_tokens=max_tokens,
+                              max_audio_frames=args.max_audio_frames,
+                              modalities=args.modalities.split(","))
+                    for p in make_prompts(args.prompts, n, args.input_len, seed)]
+
+        for body in bodies(args.warmup, args.seed + 999):  # loads models, starts loops
+            rec = await stream_chat(client, url, body)
+            if rec.error:
+                raise RuntimeError(f"{label}: warm-up request failed: {rec.error}")
+        results = []
+        for kind, value in levels:
+            batch = bodies(args.num_requests, args.seed)
+            with tqdm(total=len(batch), desc=f"{label} {kind}={value}", leave=True) as pbar:
+                if kind == "rate":
+                    recs, wall = await open_loop(client, url, batch, value, args.seed, pbar)
+                else:
+                    recs, wall = await closed_loop(client, url, batch, value, pbar)
+            summary = summarize(recs, wall)
+            print(summary_line(label, kind, value, summary), flush=True)
+            results.append(dict(label=label, load=kind, value=value, summary=asdict(summary),
+                                requests=[r.summary() for r in recs]))
+    return results
+
+
+def summary_line(label: str, kind: str, value, s) -> str:
+    m = s.metrics
+
+    def p(name, q="p50"):
+        v = m[name][q]
+        return "-" if v is None else f"{v:.3f}"
+
+    return (f"[{label}] {kind}={value} ok={s.num_ok}/{s.num_requests} "
+            f"ttft p50={p('ttft')}s ttfa p50={p('ttfa')}s p99={p('ttfa', 'p99')}s "
+            f"rtf p50={p('rtf')} e2e p50={p('e2e')}s req/s={s.requests_per_s:.3f} "
+            f"tok/s={s.output_tokens_per_s:.1f} audio_s/s={s.audio_seconds_per_s:.2f}")
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    """TTFA p50 and RTF p50 against the load level, one line per label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for label in dict.fromkeys(r["label"] for r in runs):
+        rs = [r for r in runs if r["label"] == label]
+        xs = [r["value"] for r in rs]
+        for ax, metric in zip(axes, ("ttfa", "rtf")):
+            ax.plot(xs, [r["summary"]["metrics"][metric]["p50"] for r in rs], marker="o",
+                    label=label)
+    xlabel = "request rate (req/s)" if runs and runs[0]["load"] == "rate" else "concurrency"
+    for ax, title in zip(axes, ("TTFA p50 (s)", "RTF p50 (gen. time / audio s)")):
+        ax.set_xlabel(xlabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--start", default="", help="comma list of setups to start locally "
+                    "(tiny-async, tiny-sync), one after the other; overrides --url")
+    ap.add_argument("--model-dir", default=None, help="checkpoint for --start (default: tiny)")
+    ap.add_argument("--model-id", default=None, help="default: the first of /v1/models")
+    ap.add_argument("--label", default=None, help="line label (default: the setup, or 'url')")
+    ap.add_argument("--prompts", choices=("fixed", "random"), default="fixed")
+    ap.add_argument("--input-len", type=int, default=32, help="words per random prompt")
+    ap.add_argument("--output-len", type=int, default=64, help="max_tokens for random prompts")
+    ap.add_argument("--num-requests", type=int, default=8, help="per load level")
+    ap.add_argument("--concurrency", default="1,4,8")
+    ap.add_argument("--request-rate", default="", help="comma list of req/s (Poisson); "
+                    "replaces the --concurrency sweep")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-audio-frames", type=int, default=150)
+    ap.add_argument("--modalities", default="text,audio")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="serve_bench", help="results/<out>.json and .png")
+    ap.add_argument("--append", action="store_true",
+                    help="keep other labels already in results/<out>.json")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    args = parse_args(argv)
+    before = machine_info()
+    runs: list[dict] = []
+    if args.start:
+        from benchmarks.launch import LocalServe, tiny_model_dir
+
+        model_dir = args.model_dir or tiny_model_dir()
+        with LocalServe() as ls:
+            for setup in args.start.split(","):
+                url = ls.deploy(setup, model_dir)
+                runs += asyncio.run(bench_url(url, args.label or setup, args))
+                ls.undeploy(setup)
+    else:
+        runs = asyncio.run(bench_url(args.url.rstrip("/"), args.label or "url", args))
+    out_json = RESULTS_DIR / f"{args.out}.json"
+    if args.append and out_json.exists():
+        import json
+
+        new_labels = {r["label"] for r in runs}
+        runs = [r for r in json.loads(out_json.read_text())["runs"]
+                if r["label"] not in new_labels] + runs
+    config = {k: v for k, v in vars(args).items()}
+    write_json(out_json.name, dict(benchmark="serve_bench", config=config,
+                                   machine=dict(start=before, end=machine_info()), runs=runs))
+    plot(runs, out_json.with_suffix(".png"))
+    print(f"wrote {out_json} and {out_json.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The benchmarks' pure pieces on hand-made inputs: SSE parsing, record folding, percentiles, RTF.
+
+Nothing here is timed; the benchmarks themselves run from ``benchmarks/run_all.sh``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root holds benchmarks/
+
+from benchmarks.metrics import (  # noqa: E402
+    DONE,
+    RequestRecord,
+    b64_decoded_len,
+    parse_sse_line,
+    percentile,
+    rtf,
+    stats,
+    summarize,
+)
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj)}"
+
+
+def delta(content=None, audio=None, finish=None) -> dict:
+    d = {}
+    if content is not None:
+        d["content"] = content
+    if audio is not None:
+        d["audio"] = {"id": "audio_1", "data": audio, "transcript": ""}
+    return {"object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+
+
+def pcm_b64(samples: int) -> str:
+    return base64.b64encode(b"\x01\x00" * samples).decode()
+
+
+# -- SSE lines ------------------------------------------------------------------------------------
+def test_parse_sse_line_kinds():
+    assert parse_sse_line('data: {"a": 1}') == {"a": 1}
+    assert parse_sse_line('data:{"a": 1}\r\n') == {"a": 1}
+    assert parse_sse_line("data: [DONE]") == DONE
+    for line in ("", "\n", ": keep-alive", "event: message", "id: 3", "data:"):
+        assert parse_sse_line(line) is None
+
+
+def test_parse_sse_line_rejects_bad_json():
+    with pytest.raises(ValueError, match="bad SSE data line"):
+        parse_sse_line("data: {not json")
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 47, 48000])
+def test_b64_decoded_len_matches_decoding(n):
+    s = base64.b64encode(bytes(range(256)) * (n // 256) + bytes(n % 256)).decode()
+    assert b64_decoded_len(s) == len(base64.b64decode(s)) == n
+
+
+def test_b64_decoded_len_rejects_unpadded():
+    with pytest.raises(ValueError):
+        b64_decoded_len("abc")
+
+
+# -- one request's stream -------------------------------------------------------------------------
+def stream_record() -> RequestRecord:
+    """A hand-made stream: role, text at 0.1, audio at 0.5 / 1.5, usage, done at 2.0."""
+    rec = RequestRecord(start=10.0)
+    lines = [
+        (10.05, sse(delta(content=""))),          # the role chunk: empty content is not a token
+        (10.10, sse(delta(content="Hi"))),
+        (10.20, ""),
+        (10.30, sse(delta(content=" there"))),
+        (10.50, sse(delta(audio=pcm_b64(24000)))),  # 1.0 s
+        (10.60, sse(delta(audio=""))),             # transcript-only audio delta: no samples
+        (11.50, sse(delta(audio=pcm_b64(12000)))),  # 0.5 s
+        (11.60, sse(delta(finish="length"))),
+        (11.70, sse({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 64,
+                                              "total_tokens": 71}})),
+        (12.00, "data: [DONE]"),
+    ]
+    for t, line in lines:
+        ev = parse_sse_line(line)
+        if ev is not None:
+            rec.on_event(ev, t)
+    return rec
+
+
+def test_record_times_and_counts():
+    rec = stream_record()
+    assert rec.ok and rec.error is None
+    assert rec.text == "Hi there"
+    assert rec.ttft == pytest.approx(0.10)
+    assert rec.ttfa == pytest.approx(0.50)
+    assert rec.audio_packets == 2
+    assert rec.audio_seconds == pytest.approx(1.5)
+    assert rec.e2e == pytest.approx(2.0)
+    assert (rec.completion_tokens, rec.prompt_tokens) == (64, 7)
+    assert rec.finish_reason == "length"
+
+
+def test_rtf_is_start_to_last_audio_over_duration():
+    rec = stream_record()
+    assert rec.rtf == pytest.approx(1.5 / 1.5)  # last audio at +1.5 s, 1.5 s of audio
+    assert rtf(3.0, 12.0) == pytest.approx(0.25)
+    assert rtf(3.0, 0.0) is None and rtf(None, 2.0) is None
+
+
+def test_record_error_event_and_missing_done():
+    rec = RequestRecord(start=0.0)
+    rec.on_event({"error": {"message": "boom", "type": "server_error"}}, 1.0)
+    rec.on_event(DONE, 1.1)
+    assert not rec.ok and rec.error == "boom"
+    assert not RequestRecord(start=0.0).ok  # no [DONE]: not ok
+    text_only = RequestRecord(start=0.0)
+    text_only.on_event(delta(content="x"), 0.2)
+    text_only.on_event(DONE, 0.3)
+    assert text_only.ok and text_only.ttfa is None and text_only.rtf is None
+
+
+# -- statistics -----------------------------------------------------------------------------------
+def test_percentile_linear_interpolation():
+    xs = [4.0, 1.0, 3.0, 2.0]  # sorted: 1 2 3 4
+    assert percentile(xs, 0) == 1.0 and percentile(xs, 100) == 4.0
+    assert percentile(xs, 50) == pytest.approx(2.5)
+    assert percentile(xs, 90) == pytest.approx(3.7)
+    assert percentile(list(range(1, 101)), 99) == pytest.approx(99.01)
+    assert percentile([5.0], 99) == 5.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_stats_ignores_none_and_handles_empty():
+    s = stats([1.0, None, 3.0])
+    assert s["n"] == 2 and s["mean"] == 2.0 and s["p50"] == 2.0
+    assert (s["min"], s["max"]) == (1.0, 3.0)
+    assert stats([None])["n"] == 0 and stats([])["p99"] is None
+
+
+def test_summarize_rates_count_only_successful_requests():
+    good, bad = stream_record(), RequestRecord(start=0.0, error="HTTP 500")
+    s = summarize([good, good, bad], wall_s=4.0)
+    assert (s.num_requests, s.num_ok) == (3, 2)
+    assert s.requests_per_s == pytest.approx(0.5)
+    assert s.output_tokens_per_s == pytest.approx(128 / 4)
+    assert s.audio_seconds_per_s == pytest.approx(3.0 / 4)
+    assert s.metrics["ttfa"]["p50"] == pytest.approx(0.5)
+    assert s.metrics["output_tokens"]["p99"] == 64
+    with pytest.raises(ValueError):
+        summarize([good], wall_s=0)

@@ -1,0 +1,169 @@
+"""The browser playground end to end: the real Serve app on the tiny checkpoint, driven by
+Debian's Chromium (headless) through Playwright. Needs ``apt-get install chromium`` and
+``pip install playwright`` (no ``playwright install``: the system browser is used)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--autoplay-policy=no-user-gesture-required"]
+API_KEY = "playground-test-key"
+KEY_STORAGE = "omni_ray.playground.apiKey"  # as in playground.js
+ARTIFACTS = Path(__file__).parent / "artifacts"
+
+if not os.access(CHROMIUM, os.X_OK):
+    pytest.skip(f"{CHROMIUM} not found (apt-get install -y chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api",
+                               reason="playwright not installed (pip install playwright)")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def base_url(ray_cluster, tiny_model_dir):
+    """The whole app over real HTTP, with an API key and (tests only) fault injection on."""
+    from ray import serve
+
+    from omni_ray import build_omni_app
+
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_omni_app({"model": tiny_model_dir,
+                              "security": {"api_keys": [API_KEY], "api_keys_env": None,
+                                           "allow_fault_injection": True}}),
+              name="omni", route_prefix="/")
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1000, "height": 900})
+    yield context.new_page()
+    context.close()
+
+
+def _state(page) -> dict:
+    return page.evaluate("() => ({...window.__playground})")
+
+
+def _send(page, text: str) -> dict:
+    """Type ``text``, click Send; the request body the page posted."""
+    page.fill("#message", text)
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")
+    return req.value.post_data_json
+
+
+def test_streams_text_and_plays_audio(page, base_url, tmp_path):
+    page.add_init_script(f"localStorage.setItem({KEY_STORAGE!r}, {API_KEY!r})")
+    page.goto(f"{base_url}/")  # "/" serves the page too
+    page.wait_for_function("() => window.__playground.model !== null")
+    page.select_option("#voice", "chelsie")
+    page.check("input[name=modalities][value=both]")
+    page.fill("#max-tokens", "24")
+
+    body = _send(page, "Hello there, how are you?")
+    page.wait_for_function("() => window.__playground.text.length > 0 && "
+                           "window.__playground.playbackStarted", timeout=180_000)
+    page.wait_for_function("() => window.__playground.status.startsWith('done')", timeout=300_000)
+    st = _state(page)
+
+    # The page spoke OpenAI's API with the model named by GET /v1/models.
+    assert body["model"] == "qwen3-omni" and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["modalities"] == ["text", "audio"]
+    assert body["audio"] == {"voice": "chelsie", "format": "pcm16"}
+    assert body["messages"][-1] == {"role": "user", "content": "Hello there, how are you?"}
+    # Text and audio were handled as they arrived, before the stream ended.
+    assert 0 < st["firstTokenMs"] < st["doneMs"] and 0 < st["firstAudioMs"] < st["doneMs"]
+    assert st["error"] is None and page.is_hidden("#error")
+    assert st["text"] and page.inner_text(".msg.assistant .body") == st["text"]
+    assert st["playbackStarted"] and st["audioChunksScheduled"] > 1 and st["audioSeconds"] > 0
+    assert st["usage"]["completion_tokens"] > 0
+    assert page.inner_text("#ttft").endswith(" ms") and page.inner_text("#ttfa").endswith(" ms")
+    assert page.inner_text("#audio-duration").endswith("chunks)")
+    # The audio-input control is there, disabled, and says why.
+    assert page.is_disabled("#record")
+    assert "not supported" in page.get_attribute("#record", "title")
+
+    shot = tmp_path / "playground.png"
+    page.screenshot(path=str(shot), full_page=True)
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copyfile(shot, ARTIFACTS / "playground.png")
+
+
+def test_routes_serve_the_files_and_nothing_else(base_url):
+    import httpx
+
+    with httpx.Client(base_url=base_url, timeout=30) as http:
+        for path in ("/", "/playground"):
+            r = http.get(path)
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        assert http.get("/static/playground.js").headers["content-type"].startswith("text/javascript")
+        assert http.get("/static/playground.css").headers["content-type"].startswith("text/css")
+        for bad in ("/static/..%2Fapp.py", "/static/%2e%2e", "/static/playground.html",
+                    "/static/nope.js"):
+            r = http.get(bad)
+            assert r.status_code == 404 and "OmniIngress" not in r.text, bad
+
+
+def test_http_errors_are_shown(page, base_url):
+    """A 4xx from the server is shown with OpenAI's ``error.message``."""
+    page.goto(f"{base_url}/playground")
+    page.fill("#api-key", API_KEY)
+    page.dispatch_event("#api-key", "change")  # saved for the next visit, models reloaded
+    assert page.evaluate(f"localStorage.getItem({KEY_STORAGE!r})") == API_KEY
+    page.wait_for_function("() => window.__playground.model !== null")
+    page.fill("#max-tokens", "5000")  # over limits.max_tokens (1024)
+    _send(page, "hi")
+    page.wait_for_function("() => window.__playground.status === 'error'")
+    assert page.is_visible("#error")
+    err = page.inner_text("#error")
+    assert "HTTP 400" in err and "max_tokens: 5000 is over limits.max_tokens=1024" in err
+
+
+def test_bad_api_key_is_shown(page, base_url):
+    page.goto(f"{base_url}/playground")  # no key stored: GET /v1/models is refused
+    page.wait_for_selector("#error:not([hidden])", timeout=10_000)
+    assert "HTTP 401" in page.inner_text("#error")
+    assert "invalid API key" in page.inner_text("#error")
+
+
+def test_stream_error_events_are_shown(page, base_url):
+    """A stage failing mid-stream arrives as an SSE ``{"error": ...}`` event; the page shows it."""
+    page.add_init_script(f"localStorage.setItem({KEY_STORAGE!r}, {API_KEY!r})")
+
+    def with_fault(route):  # the tests-only header makes the talker fail this request
+        route.continue_(headers={**route.request.headers, "x-omni-fault": "talker"})
+
+    page.route("**/v1/chat/completions", with_fault)
+    page.goto(f"{base_url}/playground")
+    page.wait_for_function("() => window.__playground.model !== null")
+    _send(page, "Tell me a story.")
+    page.wait_for_function("() => window.__playground.status === 'error'", timeout=180_000)
+    page.wait_for_selector("#error:not([hidden])")
+    assert page.inner_text("#error").startswith("stream error:")
+    assert "failed" in page.inner_text("#error")

@@ -1,0 +1,133 @@
+"""ThinkerChunker and CodecChunker: chunk accounting without a model.
+
+Both must keep ``seq`` gap-free and end with exactly one finished chunk; sync holds everything
+until the request finishes; async_chunk forwards as early as its sizes allow; no token or frame
+is lost, doubled or reordered.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omni_ray.payload import FinishReason
+from omni_ray.runners.chunking import CodecChunker, ThinkerChunker
+
+MODES = ("sync", "async_chunk")
+REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT)
+
+
+def _check_stream(chunks, reason):
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    assert [c.finished for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert [c.finish_reason for c in chunks] == [FinishReason.NONE] * (len(chunks) - 1) + [reason]
+    for c in chunks:
+        c.validate()
+
+
+# -- ThinkerChunker ------------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.lists(st.integers(0, 151_000), max_size=3), min_size=1, max_size=12),
+       mode=st.sampled_from(MODES), reason=st.sampled_from(REASONS))
+def test_thinker_chunker_stream(steps, mode, reason):
+    prompt = [151644, 872, 9707, 151645, 198, 151644, 77091, 198]
+    chunker = ThinkerChunker("r", prompt, mode)
+    chunks = []
+    for i, ids in enumerate(steps):
+        last = i == len(steps) - 1
+        out = chunker.add(ids, last, reason if last else FinishReason.NONE)
+        if mode == "sync":
+            assert len(out) == (1 if last else 0)  # sync holds everything
+        else:
+            assert len(out) == 1 and out[0].token_ids == ids  # async forwards every step
+        chunks += out
+    _check_stream(chunks, reason)
+    assert [t for c in chunks for t in c.token_ids] == [t for ids in steps for t in ids]
+    assert chunks[0].prompt_token_ids == prompt
+    assert all(c.prompt_token_ids is None and c.mm_hidden is None for c in chunks[1:])
+
+
+def test_thinker_chunker_mm_hidden_rides_on_chunk_zero():
+    hidden = torch.randn(3, 8)
+    chunker = ThinkerChunker("r", [1, 2, 3], "async_chunk", mm_hidden=hidden)
+    first, second = chunker.add([5], False) + chunker.add([6], True, FinishReason.STOP)
+    assert first.mm_hidden is hidden and second.mm_hidden is None
+
+
+# -- CodecChunker --------------------------------------------------------------------------------
+def _frames(start: int, n: int) -> torch.Tensor:
+    """n frames whose codes identify the frame index (so loss, doubling or reordering shows)."""
+    return (torch.arange(start, start + n).view(-1, 1) * 16 + torch.arange(16)).long()
+
+
+def _run_codec(counts, mode, initial, size, reason):
+    chunker = CodecChunker("r", mode, initial, size)
+    chunks, made = [], 0
+    for i, n in enumerate(counts):
+        last = i == len(counts) - 1
+        out = chunker.add(_frames(made, n), last, reason if last else FinishReason.NONE)
+        made += n
+        chunks.append(out)
+    return chunks, made
+
+
+@settings(max_examples=150, deadline=None)
+@given(counts=st.lists(st.integers(0, 4), min_size=1, max_size=80),
+       initial=st.integers(1, 8), size=st.integers(1, 30),
+       mode=st.sampled_from(MODES), reason=st.sampled_from(REASONS))
+def test_codec_chunker_loses_and_doubles_nothing(counts, initial, size, mode, reason):
+    per_add, total = _run_codec(counts, mode, initial, size, reason)
+    chunks = [c for out in per_add for c in out]
+    _check_stream(chunks, reason)
+    codes = torch.cat([c.codes for c in chunks])
+    assert torch.equal(codes, _frames(0, total))
+    starts = [c.start_frame for c in chunks]
+    assert starts == [sum(c.codes.shape[0] for c in chunks[:i]) for i in range(len(chunks))]
+
+
+@settings(max_examples=100, deadline=None)
+@given(counts=st.lists(st.integers(0, 4), min_size=1, max_size=80),
+       initial=st.integers(1, 8), size=st.integers(1, 30))
+def test_codec_chunker_async_sizes(counts, initial, size):
+    per_add, total = _run_codec(counts, "async_chunk", initial, size, FinishReason.STOP)
+    chunks = [c for out in per_add for c in out]
+    sizes = [c.codes.shape[0] for c in chunks]
+    # Every chunk but the last has exactly the configured size: `initial` first, then `size`.
+    assert sizes[:-1] == ([initial] + [size] * (len(sizes) - 2))[: len(sizes) - 1]
+    # The last one holds the remainder: at most one chunk's worth.
+    assert sizes[-1] <= (initial if len(sizes) == 1 else size)
+    # Nothing is held back once a full chunk exists (first audio as early as possible).
+    made = sent = 0
+    for n, out in zip(counts[:-1], per_add[:-1]):
+        made += n
+        sent += sum(c.codes.shape[0] for c in out)
+        want = initial if sent == 0 else size
+        assert made - sent < want
+
+
+@settings(max_examples=50, deadline=None)
+@given(counts=st.lists(st.integers(0, 4), min_size=1, max_size=60), size=st.integers(1, 30))
+def test_codec_chunker_sync_holds_everything(counts, size):
+    per_add, total = _run_codec(counts, "sync", 1, size, FinishReason.LENGTH)
+    assert all(out == [] for out in per_add[:-1])
+    (only,) = per_add[-1]
+    assert only.seq == 0 and only.finished and torch.equal(only.codes, _frames(0, total))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_codec_chunker_finish_without_frames(mode):
+    (only,) = CodecChunker("r", mode, 4, 25).add(torch.empty(0, 16, dtype=torch.long), True,
+                                                 FinishReason.STOP)
+    assert only.seq == 0 and only.finished and only.codes.shape == (0, 16)
+    assert only.finish_reason == FinishReason.STOP
+
+
+def test_codec_chunker_exact_multiple_ends_without_an_empty_chunk():
+    chunker = CodecChunker("r", "async_chunk", 4, 25)
+    assert chunker.add(_frames(0, 3), False) == []
+    (a,) = chunker.add(_frames(3, 1), False)
+    assert a.codes.shape[0] == 4
+    (b,) = chunker.add(_frames(4, 25), True, FinishReason.STOP)  # exactly one chunk's worth
+    assert b.finished and b.codes.shape[0] == 25 and b.start_frame == 4

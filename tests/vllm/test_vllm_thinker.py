@@ -1,0 +1,181 @@
+"""Tests for omni_ray/runners/vllm_thinker.py and the thinker backends in runners/factory.py.
+
+One vLLM engine (started through ``Omni(..., thinker_backend="vllm")``, 5-30 s on CPU) serves
+every test here; the oracle is the transformers ``ThinkerRunner`` on the same tiny checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from omni_ray.config.request import OmniRequest
+from omni_ray.config.sampling import SamplingParams
+from omni_ray.payload import FinishReason
+from omni_ray.runners.factory import make_thinker_runner
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
+]
+GREEDY = SamplingParams()
+# Small engine for the tiny model: short warm-up (max_num_batched_tokens) and a small KV cache.
+ENGINE_KWARGS = {"max_model_len": 2048, "max_num_batched_tokens": 256, "max_num_seqs": 8,
+                 "kv_cache_memory_bytes": 128 << 20}
+# The last prompt is longer than max_num_batched_tokens: vLLM prefills it in chunks over steps.
+TEXTS = ["Hi", "Tell me a story about a cat and a dog who become friends.", "What is 2+2? " * 20,
+         "Count: " + " ".join(str(i) for i in range(150))]
+
+
+@pytest.fixture(scope="module")
+def vllm_omni(tiny_model_dir):
+    """The offline pipeline with a vLLM thinker (sync mode); its thinker is the shared engine."""
+    pytest.importorskip("vllm")
+    from omni_ray.offline import Omni
+
+    omni = Omni(tiny_model_dir, mode="sync", thinker_backend="vllm",
+                thinker_engine_kwargs=ENGINE_KWARGS)
+    yield omni
+    omni.thinker.shutdown()
+
+
+@pytest.fixture
+def vllm_runner(vllm_omni):
+    runner = vllm_omni.thinker
+    assert not runner.has_unfinished(), "a previous test left requests in the shared engine"
+    yield runner
+    for rid in runner.request_ids():
+        runner.abort(rid)
+
+
+@pytest.fixture(scope="module")
+def hf_runner(tiny_model_dir):
+    return make_thinker_runner("transformers", tiny_model_dir, "cpu", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model_dir):
+    from omni_ray.models.tokenizer import encode_chat, load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    out = [encode_chat(tok, [{"role": "user", "content": t}]) for t in TEXTS]
+    assert len({len(p) for p in out}) == len(out)
+    assert len(out[-1]) > ENGINE_KWARGS["max_num_batched_tokens"]
+    return out
+
+
+def run(runner, requests: dict[str, tuple]) -> tuple[dict, dict]:
+    """Submit ``{id: (prompt, max_tokens, stop_ids)}`` together, step to the end."""
+    for rid, (prompt, max_tokens, stop) in requests.items():
+        runner.add_request(rid, prompt, GREEDY, max_tokens, stop)
+    tokens = {rid: [] for rid in requests}
+    reasons = {}
+    while runner.has_unfinished():
+        for out in runner.step():
+            assert out.request_id not in reasons, "output after the request finished"
+            tokens[out.request_id] += out.new_token_ids
+            if out.finished:
+                reasons[out.request_id] = out.finish_reason
+    return tokens, reasons
+
+
+# -- factory (no engine) ---------------------------------------------------------------------------
+def test_unknown_backend_names_the_field():
+    with pytest.raises(ValueError, match="thinker_backend.*'tensorrt'"):
+        make_thinker_runner("tensorrt", "/nonexistent")
+
+
+def test_engine_kwargs_rejected_for_transformers():
+    with pytest.raises(ValueError, match="thinker_engine_kwargs"):
+        make_thinker_runner("transformers", "/nonexistent", engine_kwargs={"max_model_len": 64})
+
+
+# -- the vLLM runner against the transformers runner -------------------------------------------
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "alone"])
+def test_greedy_tokens_match_transformers(vllm_runner, hf_runner, prompts, batched):
+    reqs = {f"p{i}": (p, 12, None) for i, p in enumerate(prompts)}
+    want, want_reasons = run(hf_runner, reqs)
+    if batched:
+        got, got_reasons = run(vllm_runner, reqs)
+    else:
+        got, got_reasons = {}, {}
+        for rid, req in reqs.items():
+            t, r = run(vllm_runner, {rid: req})
+            got |= t
+            got_reasons |= r
+    assert got == want
+    assert got_reasons == want_reasons == {rid: FinishReason.LENGTH for rid in reqs}
+
+
+def test_max_tokens_and_stop_tokens_match(vllm_runner, hf_runner, prompts):
+    free, _ = run(hf_runner, {"free": (prompts[1], 8, None)})
+    stop_at = free["free"][4]  # the 5th greedy token becomes a stop token
+    assert stop_at not in free["free"][:4]
+    reqs = {"len1": (prompts[0], 1, None), "len3": (prompts[1], 3, None),
+            "stop": (prompts[1], 8, [stop_at]), "stop_late": (prompts[2], 5, [stop_at])}
+    want = run(hf_runner, reqs)
+    got = run(vllm_runner, reqs)
+    assert got == want
+    tokens, reasons = got
+    assert tokens["stop"] == free["free"][:5]  # the stop token is part of the output
+    assert reasons["stop"] == FinishReason.STOP
+    assert [len(tokens[r]) for r in ("len1", "len3")] == [1, 3]
+    assert reasons["len1"] == reasons["len3"] == FinishReason.LENGTH
+
+
+def test_abort_mid_generation(vllm_runner, hf_runner, prompts):
+    want, _ = run(hf_runner, {"keep": (prompts[1], 10, None)})
+    vllm_runner.add_request("keep", prompts[1], GREEDY, 10)
+    vllm_runner.add_request("drop", prompts[2], GREEDY, 10)
+    seen = {"keep": [], "drop": []}
+    for _ in range(3):
+        for out in vllm_runner.step():
+            seen[out.request_id] += out.new_token_ids
+    assert seen["drop"], "the aborted request should have started"
+    assert vllm_runner.abort("drop") is True
+    assert vllm_runner.abort("drop") is False
+    assert vllm_runner.num_requests == 1 and vllm_runner.request_ids() == ["keep"]
+    dropped_at = len(seen["drop"])
+    while vllm_runner.has_unfinished():
+        for out in vllm_runner.step():
+            seen[out.request_id] += out.new_token_ids
+    assert len(seen["drop"]) == dropped_at
+    assert seen["keep"] == want["keep"]
+    assert vllm_runner.num_requests == 0
+
+
+def test_request_validation(vllm_runner, prompts):
+    vllm_runner.add_request("dup", prompts[0], GREEDY, 2)
+    with pytest.raises(ValueError, match="duplicate"):
+        vllm_runner.add_request("dup", prompts[0], GREEDY, 2)
+    with pytest.raises(ValueError, match="empty"):
+        vllm_runner.add_request("empty", [], GREEDY, 2)
+    with pytest.raises(ValueError, match="max_tokens"):
+        vllm_runner.add_request("zero", prompts[0], GREEDY, 0)
+    assert vllm_runner.request_ids() == ["dup"]
+
+
+# -- the whole offline pipeline: vLLM thinker, transformers talker and code2wav ---------------
+@pytest.mark.parametrize("mode", ["sync", "async_chunk"])
+def test_offline_pipeline_matches_transformers_backend(vllm_omni, tiny_model_dir, prompts, mode):
+    from omni_ray.offline import Omni
+
+    mixed = vllm_omni if mode == "sync" else Omni(tiny_model_dir, mode=mode,
+                                                   thinker_runner=vllm_omni.thinker)
+    reference = Omni(tiny_model_dir, mode=mode)  # transformers thinker
+    reqs = [OmniRequest(request_id=f"r{i}", prompt_token_ids=p, max_tokens=6 + 2 * i,
+                        max_audio_frames=10) for i, p in enumerate(prompts[1:])]
+    got, want = mixed.generate(reqs), reference.generate(reqs)
+    for g, w in zip(got, want):
+        assert g.text_token_ids == w.text_token_ids
+        assert g.finish_reason == w.finish_reason
+        assert torch.equal(g.codec_frames, w.codec_frames)
+        assert g.codec_frames.shape[0] > 0
+        assert g.audio.shape == w.audio.shape
+        peak = w.audio.abs().max().item()
+        assert peak > 0
+        assert (g.audio - w.audio).abs().max().item() <= 1e-5 * peak
+    assert not vllm_omni.thinker.has_unfinished()
