@@ -84,13 +84,15 @@ def run_one_shot(model, codes: torch.Tensor) -> tuple[torch.Tensor, list[float]]
     return w, [time.perf_counter() - t0]
 
 
-def best_of(repeats: int, run) -> tuple[torch.Tensor, list[float]]:
-    """Runs `run()` `repeats` times; keeps the fastest total (CPU timings on shared hosts are noisy)."""
-    best = None
+def best_of(repeats: int, runs: dict) -> dict:
+    """Runs every mode `repeats` times, round-robin so background load hits all modes alike, and
+    keeps each mode's fastest total (CPU timings on shared hosts are noisy)."""
+    best = {}
     for _ in range(repeats):
-        wav, times = run()
-        if best is None or sum(times) < sum(best[1]):
-            best = (wav, times)
+        for mode, run in runs.items():
+            wav, times = run()
+            if mode not in best or sum(times) < sum(best[mode][1]):
+                best[mode] = (wav, times)
     return best
 
 
@@ -105,14 +107,17 @@ def bench_setup(name: str, frames: int, first: int, chunk: int, ctx: int, seed: 
     run_stream(stream, codes, warm)
     run_left_context(model, codes, warm, ctx)
     # 2) Measure.
-    ref, ref_t = best_of(repeats, lambda: run_one_shot(model, codes))
+    modes = best_of(
+        repeats,
+        {
+            "stream": lambda: run_stream(stream, codes, bounds),
+            f"ctx{ctx}": lambda: run_left_context(model, codes, bounds, ctx),
+            "oneshot": lambda: run_one_shot(model, codes),
+        },
+    )
+    ref = modes["oneshot"][0]
     peak = ref.abs().max().item()
     audio_s = len(ref) / SAMPLE_RATE
-    modes = {
-        "stream": best_of(repeats, lambda: run_stream(stream, codes, bounds)),
-        f"ctx{ctx}": best_of(repeats, lambda: run_left_context(model, codes, bounds, ctx)),
-        "oneshot": (ref, ref_t),
-    }
     out = {
         "setup": name,
         "frames": frames,

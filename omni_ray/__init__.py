@@ -1,30 +1,26 @@
-"""omni_ray: serving omni models (text/audio in, text + speech out) on Ray Serve."""
+"""omni_ray: serving omni models (text/audio in, text + speech out) on Ray Serve.
 
-from omni_ray.config.pipeline import PipelineConfig
-from omni_ray.config.request import OmniRequest
-from omni_ray.config.sampling import SamplingParams
-from omni_ray.config.serving import OmniServingArgs, StageConfig
+Public names are loaded lazily: importing ``omni_ray`` (or ``omni_ray.payload``) imports neither
+torch, Ray nor the other layers, and Serve loads ``omni_ray:build_omni_app`` by path.
+"""
 
-__all__ = [
-    "Omni",
-    "OmniOutput",
-    "OmniRequest",
-    "OmniServingArgs",
-    "PipelineConfig",
-    "SamplingParams",
-    "StageConfig",
-    "build_omni_app",
-]
+from importlib import import_module
+
+_EXPORTS = {
+    "Omni": "omni_ray.offline",
+    "OmniOutput": "omni_ray.offline",
+    "OmniRequest": "omni_ray.config.request",
+    "OmniServingArgs": "omni_ray.config.serving",
+    "PipelineConfig": "omni_ray.config.pipeline",
+    "SamplingParams": "omni_ray.config.sampling",
+    "StageConfig": "omni_ray.config.serving",
+    "build_omni_app": "omni_ray.builders.app",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    # Lazy: importing omni_ray must not import torch or Ray (Serve loads the builder by path).
-    if name in ("Omni", "OmniOutput"):
-        from omni_ray import offline
-
-        return getattr(offline, name)
-    if name == "build_omni_app":
-        from omni_ray.builders.app import build_omni_app
-
-        return build_omni_app
-    raise AttributeError(name)
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'omni_ray' has no attribute {name!r}")

@@ -15,7 +15,8 @@ LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 CHUNK_LATENCY_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
-# The edge a stage's chunks travel on (the stage sends, the next one accepts).
+# The edge a stage's chunks travel on (the stage sends, the next one accepts); other engines
+# (e.g. a disaggregated thinker's) are tagged "<stage>->next".
 EDGES = {"thinker": "thinker->talker", "talker": "talker->code2wav"}
 
 
@@ -111,20 +112,19 @@ class EngineMetrics:
                                boundaries=BATCH_BUCKETS, tag_keys=("stage",))
         for m in (self.queue_depth, self.running, self.batch):
             m.set_default_tags(tags)
-        self.edge = EDGES.get(stage)
+        self.edge = EDGES.get(stage, f"{stage}->next")
         self._last = (-1, -1)
-        if self.edge is not None:
-            self.chunk_latency = Histogram(
-                "omni_ray_chunk_latency_seconds",
-                "Seconds from a chunk's push by the sending engine to its acceptance by the "
-                "receiving engine (the push's round trip).",
-                boundaries=CHUNK_LATENCY_BUCKETS, tag_keys=("edge",))
-            self.chunk_bytes = Counter("omni_ray_chunk_bytes_total",
-                                       "Encoded chunk bytes pushed on an edge.", tag_keys=("edge",))
-            self.chunks = Counter("omni_ray_chunks_total", "Chunks pushed on an edge.",
-                                  tag_keys=("edge",))
-            for m in (self.chunk_latency, self.chunk_bytes, self.chunks):
-                m.set_default_tags({"edge": self.edge})
+        self.chunk_latency = Histogram(
+            "omni_ray_chunk_latency_seconds",
+            "Seconds from a chunk's push by the sending engine to its acceptance by the "
+            "receiving engine (the push's round trip).",
+            boundaries=CHUNK_LATENCY_BUCKETS, tag_keys=("edge",))
+        self.chunk_bytes = Counter("omni_ray_chunk_bytes_total",
+                                   "Encoded chunk bytes pushed on an edge.", tag_keys=("edge",))
+        self.chunks = Counter("omni_ray_chunks_total", "Chunks pushed on an edge.",
+                              tag_keys=("edge",))
+        for m in (self.chunk_latency, self.chunk_bytes, self.chunks):
+            m.set_default_tags({"edge": self.edge})
 
     def on_step(self, batch: int, requests: int) -> None:
         """After a step that advanced ``batch`` requests of the ``requests`` admitted."""

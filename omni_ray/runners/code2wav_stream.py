@@ -28,13 +28,21 @@ layer's carried input:
   convs with k == s (the x2 upsamplers) owe nothing and carry nothing.
 - Embedding, norms, MLPs, SnakeBeta and clamp are per frame or per sample and carry nothing.
 
-The math is the module's own in the same order, so outputs match one-shot decoding up to float
-reduction order (seen: within ~1e-7 of the peak in float32 on CPU). A request's state is a plain
-object: its owner creates it with `new_state()` and simply drops it on finish or abort; there is
-nothing to free. `decode_batch` runs requests with different states and frame counts in one
-forward: new frames are right-padded to the longest request, and since every layer is causal the
-padding only touches samples after each request's valid prefix, which are discarded; each state
-is taken at its own request's end.
+The arithmetic is the module's own, op for op, so the stream equals one-shot decoding exactly in
+exact arithmetic. In float32 on CPU it agrees to ~1-3e-6 of the peak (seen on random weights, tiny
+and released sizes): oneDNN/MKL/SDPA choose kernels and thread splits by tensor size, so values
+round differently for a 25-frame chunk than inside a 300-frame forward. That is the one-shot
+decoder's own noise level: decoding N-7 frames one-shot differs from decoding N frames on the
+shared samples by ~1e-6 (tiny) to ~2.4e-6 (released size) of the peak. One source is removed:
+PyTorch would run small batch-1 convs on THNN instead of oneDNN (see `_on_long_input_backend`).
+
+State size is fixed per model (~4.7 MB at the released size, almost all of it the 8 layers'
+key/value windows); it never grows with the stream. A request's state is a plain object: its
+owner creates it with `new_state()` and simply drops it on finish or abort; there is nothing to
+free. `decode_batch` runs requests with different states and frame counts in one forward: new
+frames are right-padded to the longest request, and since every layer is causal the padding only
+touches samples after each request's valid prefix, which are discarded; each state is taken at
+its own request's end.
 """
 
 from __future__ import annotations
@@ -76,12 +84,12 @@ class Code2WavStreamState:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
+@dataclasses.dataclass
 class _Ragged:
-    """A right-padded batch [B, C, T] whose row b is valid in [:lens[b]]; the rest is ignored."""
+    """A right-padded batch whose row b is valid in [:lens[b]]; the rest is ignored."""
 
-    def __init__(self, x: torch.Tensor, lens: list[int]):
-        self.x = x
-        self.lens = lens
+    x: torch.Tensor  # [B, C, T] channels first
+    lens: list[int]  # valid samples per row
 
 
 class StreamingCode2Wav:
@@ -100,7 +108,6 @@ class StreamingCode2Wav:
         attn = model.pre_transformer.layers[0].self_attn
         self.kv_heads = self.config.num_key_value_heads
         self.head_dim = attn.head_dim
-        self.samples_per_frame = int(model.total_upsample)
         self._names = {mod: name for name, mod in model.named_modules()}
         for name, mod in model.named_modules():
             if isinstance(mod, Qwen3OmniMoeCausalConvNet) and mod.stride != 1:
@@ -288,14 +295,11 @@ class StreamingCode2Wav:
         return _Ragged(y, lens)
 
 
-RESIDUAL_BRANCH_GAIN = 0.2
-
-
 # PyTorch runs a batch-1 float32 CPU conv on THNN instead of oneDNN when C_in * length <= 20480
-# (`ConvParams::use_mkldnn` in ATen/native/Convolution.cpp). A one-shot decode of any real length
-# is above that at every decoder layer, so its convs run on oneDNN, whose per-sample arithmetic
-# does not depend on the input length; a small streaming chunk would fall to THNN and round
-# differently. Giving such a chunk a zero second row keeps it on oneDNN for a negligible cost.
+# (`ConvParams::use_mkldnn` in ATen/native/Convolution.cpp). A one-shot decode of more than a few
+# frames is above that at nearly every layer, so its convs run on oneDNN; a small streaming chunk
+# would fall to THNN and round differently. A zero second row keeps it on oneDNN, for a negligible
+# cost since only small inputs get one. This narrows float noise; it is not needed for exactness.
 _THNN_MAX_NUMEL = 20480
 
 
@@ -305,13 +309,16 @@ def _on_long_input_backend(conv, x: torch.Tensor) -> torch.Tensor:
     return conv(torch.cat([x, torch.zeros_like(x)]))[:1]
 
 
+RESIDUAL_BRANCH_GAIN = 0.2  # test weights: damp the 12 residual units so the signal stays O(1)
+
+
 def reinit_code2wav_for_testing(model: Qwen3OmniMoeCode2Wav, seed: int = 0) -> Qwen3OmniMoeCode2Wav:
     """Gives a random-init code2wav audible, non-degenerate weights (its defaults peak near 1e-7).
 
     For tests and benchmarks only: fan-in-scaled convs and linears, unit-variance code embeddings,
     ConvNeXt layer scale 0.5 (1e-6 by default, which disables the block), the transformer's layer
-    scales left at the config's 0.01, the decoder's residual branches damped so the signal stays
-    O(1), and the final conv rescaled so the waveform peaks near 0.5 (mostly unclamped).
+    scales left at the config's 0.01, damped decoder residual branches, and the final conv
+    rescaled so the waveform peaks near 0.5 on random codes (mostly unclamped).
     """
     gen = torch.Generator().manual_seed(seed)
 
@@ -325,29 +332,28 @@ def reinit_code2wav_for_testing(model: Qwen3OmniMoeCode2Wav, seed: int = 0) -> Q
             elif isinstance(mod, nn.ConvTranspose1d):  # [C_in, C_out, k]: each output sums k/s taps
                 normal_(mod.weight, (mod.in_channels * mod.kernel_size[0] / mod.stride[0]) ** -0.5)
             elif isinstance(mod, (nn.Conv1d, nn.Linear)):
-                normal_(mod.weight, (mod.weight[0].numel()) ** -0.5)
+                normal_(mod.weight, mod.weight[0].numel() ** -0.5)
             elif isinstance(mod, Qwen3OmniMoeSnakeBeta):
                 normal_(mod.alpha, 0.1)
                 normal_(mod.beta, 0.1)
-            else:
-                continue
-            if getattr(mod, "bias", None) is not None:
-                normal_(mod.bias, 0.01)
-        for mod in model.modules():  # ConvNeXt's 1e-6 layer scale would make the block a no-op
-            if isinstance(mod, Qwen3OmniMoeConvNeXtBlock):
+            elif isinstance(mod, Qwen3OmniMoeConvNeXtBlock):
                 mod.gamma.fill_(0.5)
-        for mod in model.modules():  # keep the 12 decoder residual units near identity so the
-            if isinstance(mod, Qwen3OmniMoeCode2WavDecoderResidualUnit):  # signal stays O(1)
+            if isinstance(mod, (nn.Conv1d, nn.ConvTranspose1d, nn.Linear)) and mod.bias is not None:
+                normal_(mod.bias, 0.01)
+        for mod in model.modules():
+            if isinstance(mod, Qwen3OmniMoeCode2WavDecoderResidualUnit):
                 mod.conv2.conv.weight.mul_(RESIDUAL_BRANCH_GAIN)
+        # Rescale the last conv from the waveform's peak before clamp(-1, 1).
         codes = torch.randint(0, model.config.codebook_size, (1, model.config.num_quantizers, 12), generator=gen)
         last = model.decoder[-1].conv
         peaks = []
         handle = last.register_forward_hook(lambda m, i, o: peaks.append(o.abs().max().item()))
         try:
-            model(codes)  # the hook sees the waveform before clamp(-1, 1)
+            model(codes)
         finally:
             handle.remove()
-        last.weight.mul_(0.5 / max(peaks[0], 1e-12))
+        gain = 0.5 / max(peaks[0], 1e-12)
+        last.weight.mul_(gain)
         if last.bias is not None:
-            last.bias.mul_(0.5 / max(peaks[0], 1e-12))
+            last.bias.mul_(gain)
     return model

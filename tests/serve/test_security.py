@@ -216,13 +216,12 @@ def test_concurrent_requests_per_key_get_429(url):
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=long, headers=auth(KEY2),
                       timeout=60) as r:
         assert r.status_code == 200
-        lines = r.iter_lines()
+        lines = r.iter_lines()  # kept: a dropped line iterator closes the connection
         next(line for line in lines if line.startswith("data:"))
         busy = httpx.post(f"{url}/v1/chat/completions", json=SMALL, headers=auth(KEY2),
                           timeout=30)
         stages = httpx.get(f"{url}/debug/stats", headers=auth(KEY2), timeout=30).json()
-        assert any(v["requests"] for v in stages.values()), (busy.text, stages,
-                                                             [x for _, x in zip(range(20), lines)])
+        assert any(v["requests"] for v in stages.values()), "the stream ended too soon"
         # Another key has its own budget; GETs are not counted.
         other = httpx.post(f"{url}/v1/chat/completions", json=SMALL, headers=auth(KEY),
                            timeout=60)
