@@ -28,7 +28,7 @@ RETRY_AFTER_S = 1
 
 
 def resolve_api_keys(security: SecurityConfig, environ: Mapping[str, str]) -> list[str]:
-    """The accepted keys: ``security.api_keys`` plus the comma-separated ``security.api_keys_env``."""
+    """The accepted keys: ``security.api_keys`` and the comma-separated ``api_keys_env`` var."""
     keys = [k.get_secret_value() for k in security.api_keys]
     if security.api_keys_env and environ.get(security.api_keys_env):
         keys += [k.strip() for k in environ[security.api_keys_env].split(",")]
@@ -169,4 +169,5 @@ def _replay(first: Message, receive: Receive) -> Receive:
 
 
 async def _reply(err: APIError, scope: Scope, receive: Receive, send: Send) -> None:
-    await JSONResponse(err.body(), status_code=err.status, headers=err.headers)(scope, receive, send)
+    response = JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    await response(scope, receive, send)

@@ -36,7 +36,7 @@ decoder's own noise level: decoding N-7 frames one-shot differs from decoding N 
 shared samples by ~1e-6 (tiny) to ~2.4e-6 (released size) of the peak. One source is removed:
 PyTorch would run small batch-1 convs on THNN instead of oneDNN (see `_on_long_input_backend`).
 
-State size is fixed per model (~4.7 MB at the released size, almost all of it the 8 layers'
+State size is fixed per model (5.2 MB at the released size, 4.7 MB of it the 8 layers'
 key/value windows); it never grows with the stream. A request's state is a plain object: its
 owner creates it with `new_state()` and simply drops it on finish or abort; there is nothing to
 free. `decode_batch` runs requests with different states and frame counts in one forward: new
