@@ -521,6 +521,97 @@ def run_realsize(args, out: Path) -> dict:
     return res
 
 
+class FakeThinker:
+    """Emits one random text token per request per step, instantly (talker profiling)."""
+
+    def __init__(self):
+        self._reqs = {}
+        self._gen = torch.Generator().manual_seed(0)
+
+    def add_request(self, rid, prompt, params, max_tokens, stop):
+        self._reqs[rid] = [len(prompt), max_tokens, 0]
+
+    def has_unfinished(self):
+        return bool(self._reqs)
+
+    def abort(self, rid):
+        return self._reqs.pop(rid, None) is not None
+
+    def step(self):
+        from omni_ray.payload import FinishReason
+        from omni_ray.runners.thinker import ThinkerStepOutput
+        outs = []
+        for rid, st in list(self._reqs.items()):
+            st[2] += 1
+            tok = int(torch.randint(1000, 100000, (1,), generator=self._gen))
+            done = st[2] >= st[1]
+            outs.append(ThinkerStepOutput(rid, [tok], done,
+                                          FinishReason.LENGTH if done else FinishReason.NONE,
+                                          st[0]))
+            if done:
+                del self._reqs[rid]
+        return outs
+
+
+def run_talkerprof(args, out: Path) -> dict:
+    """Talker time split (backbone per request vs batched code predictor) at C=1/8/32."""
+    from transformers import Qwen3OmniMoeConfig
+
+    device, dtype = args.device, (torch.bfloat16 if args.device != "cpu" else torch.float32)
+    res = dict(phase="talkerprof", info=device_info(device), runs={}, errors=[])
+    path = out / "gpu_talkerprof.json"
+    ckpt = Path(tempfile.mkdtemp(prefix="omni_prof_")) / "ckpt"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text(json.dumps(realsize_config(args.smoke), indent=2))
+    write_tokenizer(ckpt)
+    cfg = Qwen3OmniMoeConfig.from_pretrained(str(ckpt), local_files_only=True)
+    talker, emb, c2w = build_dummy_stages(cfg, device, dtype)
+    res["experts_implementation"] = str(getattr(talker.config.text_config,
+                                                "_experts_implementation", None))
+    res["attn_implementation"] = str(getattr(talker.config.text_config,
+                                             "_attn_implementation", None))
+    omni = assemble_omni(ckpt, cfg, FakeThinker(), talker, emb, c2w, device, max_num_seqs=64)
+    timer = StageTimer(omni, device)
+    parts = dict(forward=0.0, cp_batch=0.0, cp_single=0.0, n_forward=0, n_cp_batch=0)
+    tk = omni.talker
+
+    def wrap(name, fn):
+        def inner(*a, **k):
+            sync(device)
+            t0 = time.perf_counter()
+            r = fn(*a, **k)
+            sync(device)
+            parts[name] += time.perf_counter() - t0
+            if "n_" + name in parts:
+                parts["n_" + name] += 1
+            return r
+        return inner
+    tk._forward = wrap("forward", tk._forward)
+    tk._residual_codes_batch = wrap("cp_batch", tk._residual_codes_batch)
+    tk._residual_codes = wrap("cp_single", tk._residual_codes)
+    frames = 24 if args.smoke else 60
+    run_batch(omni, timer, 2, 8, 8, device, "warm")
+    for n in args.concurrency:
+        for k in parts:
+            parts[k] = 0 if k.startswith("n_") else 0.0
+        try:
+            r = run_batch(omni, timer, n, frames + 8, frames, device, f"prof{n}")
+            r.pop("_frames")
+            r["talker_parts_s"] = dict(parts)
+            r["ms_per_talker_step"] = 1000 * timer.t["talker"] / frames
+            r["ms_backbone_per_request_forward"] = (1000 * parts["forward"] / parts["n_forward"]
+                                                    if parts["n_forward"] else None)
+            r["ms_code_predictor_per_batch"] = (1000 * parts["cp_batch"] / parts["n_cp_batch"]
+                                                if parts["n_cp_batch"] else None)
+            res["runs"][str(n)] = r
+            log(f"prof C={n}: {r['ms_per_talker_step']:.1f} ms/step parts {parts}")
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            res["errors"].append(f"C={n}: {e!r}")
+        write_json(path, res)
+    return res
+
+
 def realsize_markdown(res: dict) -> str:
     f = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     info = res.get("info", {})
@@ -554,7 +645,7 @@ def realsize_markdown(res: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--phase", choices=["parity", "realsize", "all"], default="all")
+    ap.add_argument("--phase", choices=["parity", "realsize", "all", "talkerprof"], default="all")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU check)")
@@ -580,6 +671,12 @@ def main(argv=None) -> int:
     if args.phase in ("realsize", "all"):
         try:
             run_realsize(args, args.out)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+            rc = 1
+    if args.phase == "talkerprof":
+        try:
+            run_talkerprof(args, args.out)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
             rc = 1

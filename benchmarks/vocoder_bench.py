@@ -7,16 +7,13 @@ it measures compute seconds per second of audio and time to first audio for:
   oneshot -- the whole utterance in one forward (first audio only at the end).
 It prints one line per setup and writes benchmarks/results/vocoder_cpu.json.
 
-    .venv/bin/python benchmarks/vocoder_bench.py            # ~1.5 min on 2 cores (best of 3)
-    .venv/bin/python benchmarks/vocoder_bench.py --setups tiny --frames 300
+    .venv/bin/python -m benchmarks.vocoder_bench        # ~1.5-3 min on 2 cores (best of 3)
+    .venv/bin/python -m benchmarks.vocoder_bench --setups tiny --frames 300
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import time
 from pathlib import Path
 
@@ -24,6 +21,7 @@ import torch
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
+from benchmarks.machine import RESULTS_DIR, machine_info, write_json
 from omni_ray.runners.code2wav_stream import StreamingCode2Wav, reinit_code2wav_for_testing
 
 SAMPLE_RATE = 24000
@@ -40,7 +38,7 @@ SETUPS = {
     "real": {},  # the config defaults are the released code2wav's shape
 }
 DEFAULT_FRAMES = {"tiny": 150, "real": 100}
-RESULTS = Path(__file__).parent / "results" / "vocoder_cpu.json"
+RESULTS = RESULTS_DIR / "vocoder_cpu.json"
 
 
 def chunk_bounds(frames: int, first: int, chunk: int) -> list[tuple[int, int]]:
@@ -164,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
+    machine_start = machine_info()
     results = []
     for name in args.setups.split(","):
         if name not in SETUPS:
@@ -174,20 +172,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(summary_line(result), flush=True)
         results.append(result)
     report = {
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "load_avg_before": load_before,
-            "load_avg_after": os.getloadavg(),
-        },
+        "machine": machine_start,
+        "machine_end": machine_info(),
+        "torch_threads": torch.get_num_threads(),
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out.name, report, args.out.parent)
     return report
-
 
 if __name__ == "__main__":
     main()

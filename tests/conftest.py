@@ -12,6 +12,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One torch thread per process: on 2 shared cores, oversubscription slows CPU tests ~10x.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Shared 2-core CI machines run near their memory limit; Ray's monitor would kill test workers.
+os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
 
 
 def pytest_configure(config):

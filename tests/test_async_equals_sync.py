@@ -65,7 +65,7 @@ def _stateful_available() -> bool:
 
 
 EXACT = {
-    "window-full-context": PipelineConfig(left_context_frames=MAX_FRAMES),
+    "window-full-context": PipelineConfig(code2wav_mode="window", left_context_frames=MAX_FRAMES),
     "stateful": PipelineConfig(code2wav_mode="stateful"),
 }
 
@@ -79,7 +79,7 @@ def exact_async(request, tiny_model_dir, sync_outputs):
 
 @pytest.fixture(scope="module")
 def default_async(tiny_model_dir, sync_outputs):
-    return _async_outputs(tiny_model_dir, sync_outputs, PipelineConfig())
+    return _async_outputs(tiny_model_dir, sync_outputs, PipelineConfig(code2wav_mode="window"))
 
 
 def _check_same_stream(a, s, pipeline: PipelineConfig):

@@ -24,7 +24,9 @@ class PipelineConfig(BaseModel):
     initial_chunk_frames: int = Field(4, ge=1, le=1000)
     chunk_frames: int = Field(25, ge=1, le=1000)
     code2wav_mode: Literal["window", "stateful"] = Field(
-        "window", description="window: re-decode left context each chunk; stateful: carry state")
+        "stateful",
+        description="stateful: carry attention/conv state, exact for any chunking (default); "
+                    "window: re-decode left_context_frames each chunk")
     left_context_frames: int = Field(25, ge=1, le=2000,
                                      description="left context for code2wav_mode=window")
     max_chunks_in_flight: int = Field(8, ge=1, le=1024,

@@ -75,7 +75,7 @@ class PipelineClient:
         await _first(th, "thinker")
 
     async def run(self, req: OmniRequest) -> AsyncIterator[object]:
-        """``open`` then iterate: ``TextDelta`` and ``AudioChunk`` items as the stages produce them."""
+        """``open``, then the ``TextDelta`` and ``AudioChunk`` items as the stages make them."""
         async for item in await self.open(req):
             yield item
 

@@ -69,7 +69,11 @@ __all__ = ["Code2WavStreamState", "StreamingCode2Wav", "reinit_code2wav_for_test
 
 @dataclasses.dataclass
 class Code2WavStreamState:
-    """Everything one request's stream carries between `decode` calls; bounded in size."""
+    """Everything one request's stream carries between `decode` calls; fixed size.
+
+    A plain object with no resources behind it: the owner drops it when the request finishes or
+    is aborted (there is no `free`). Never share one between requests or decode it concurrently.
+    """
 
     keys: list[torch.Tensor]  # per attention layer: [kv_heads, window-1, head_dim], post-RoPE
     values: list[torch.Tensor]  # per attention layer: [kv_heads, window-1, head_dim]

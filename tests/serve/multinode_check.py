@@ -7,7 +7,8 @@ STRICT_PACK placement group), so every chunk crosses nodes. On nodes A and B (on
 head's Serve controller keeps its default) ``RAY_max_direct_call_object_size`` is lowered, so
 chunks over 256 bytes travel through the object stores (plasma, node to node) instead of inline
 in the call (the tiny model's chunks are 0.1-4 KB). Ray's memory monitor is off in this
-throwaway cluster: on a shared machine it would kill our workers for others' memory use. Prints one JSON line: placement, HTTP answers, offline answers.
+throwaway cluster: on a shared machine it would kill our workers for others' memory use.
+Prints one JSON line: placement, HTTP answers, offline answers.
 
     python tests/serve/multinode_check.py MODEL_DIR
 """
@@ -91,7 +92,8 @@ def main(model_dir: str) -> None:
     mem = 96 << 20
     cluster = Cluster(initialize_head=True, head_node_args=dict(
         num_cpus=1, object_store_memory=mem, include_dashboard=False))
-    small_inline = {"RAY_max_direct_call_object_size": str(INLINE_LIMIT)}  # their workers inherit it
+    # Raylet env vars: the workers of nodes A and B inherit them.
+    small_inline = {"RAY_max_direct_call_object_size": str(INLINE_LIMIT)}
     node_a = cluster.add_node(num_cpus=1, resources={"node_a": 1}, object_store_memory=mem,
                               env_vars=small_inline)
     node_b = cluster.add_node(num_cpus=1, resources={"node_b": 2}, object_store_memory=mem,

@@ -81,7 +81,8 @@ class SSEClient(threading.Thread):
     def __init__(self, url: str, payload: dict, *, abort_after: int | None = None,
                  timeout_s: float = 120):
         super().__init__(daemon=True)
-        self.url, self.payload, self.abort_after, self.timeout_s = url, payload, abort_after, timeout_s
+        self.url, self.payload = url, payload
+        self.abort_after, self.timeout_s = abort_after, timeout_s
         self.status: int | None = None
         self.headers: dict = {}
         self.error_body: dict | None = None

@@ -53,7 +53,8 @@ def check_error_body(resp) -> None:
     try:
         err = resp.json()["error"]
     except (ValueError, KeyError, TypeError) as e:
-        raise AssertionError(f"{resp.status_code} without OpenAI's error body: {resp.text[:300]!r}") from e
+        raise AssertionError(f"{resp.status_code} without OpenAI's error body: "
+                             f"{resp.text[:300]!r}") from e
     assert set(err) == ERROR_KEYS, err
     assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str)
     assert err["param"] is None or isinstance(err["param"], str), err

@@ -41,8 +41,8 @@ def metrics_text() -> str:
     out = []
     for node in ray.nodes():
         if node["Alive"]:
-            r = httpx.get(f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics",
-                          timeout=10)
+            host, port = node["NodeManagerAddress"], node["MetricsExportPort"]
+            r = httpx.get(f"http://{host}:{port}/metrics", timeout=10)
             out.append(r.text)
     return "\n".join(out)
 
