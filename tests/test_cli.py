@@ -57,7 +57,7 @@ def test_generate_json_npy_equals_offline(omni, tiny_model_dir, tmp_path, capsys
     out = _expected(omni, "Hello there", speaker="chelsie", max_tokens=6, max_audio_frames=20)
     _check_summary(got, out)
     assert got["mode"] == "sync" and got["codec_frames"] > 0 and got["out"] == str(npy)
-    assert np.array_equal(np.load(npy), out.audio.numpy())
+    assert_same_audio(np.load(npy), out.audio.numpy())
 
 
 def test_generate_human_summary_and_wav(tiny_model_dir, tmp_path, capsys):
@@ -101,7 +101,8 @@ def test_sample_is_seeded(omni, tiny_model_dir, tmp_path, capsys):
         return got, np.load(out)
 
     (a, wav_a), (b, wav_b), (c, _) = run("3"), run("3"), run(None)
-    assert a["text_token_ids"] == b["text_token_ids"] and np.array_equal(wav_a, wav_b)
+    assert a["text_token_ids"] == b["text_token_ids"] and wav_a.shape == wav_b.shape
+    assert_same_audio(wav_a, wav_b)
     assert a["text_token_ids"] != c["text_token_ids"]  # --seed defaults to 0
     greedy = _expected(omni, "Hi", max_tokens=6, max_audio_frames=5)
     assert a["text_token_ids"] != greedy.text_token_ids
@@ -149,7 +150,7 @@ def test_subprocess(omni, tiny_model_dir, tmp_path):
     got = json.loads(proc.stdout)  # stdout is exactly one JSON object
     out = _expected(omni, "Tell me a story.", speaker="aiden", max_tokens=5, max_audio_frames=15)
     _check_summary(got, out)
-    assert np.array_equal(np.load(npy), out.audio.numpy())
+    assert_same_audio(np.load(npy), out.audio.numpy())
     assert not (tmp_path / "home").exists()  # --model given: the default model is not made
 
     bad = subprocess.run([str(exe), "generate", "--text", "a", "--mode", "fast"],
@@ -193,3 +194,10 @@ def test_unservable_prompt_ids_exit_2(tiny_model_dir, capsys, ids, message):
     with pytest.raises(SystemExit) as e:
         main(["generate", "--model", tiny_model_dir, "--prompt-ids", ids, "--max-tokens", "2"])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def assert_same_audio(a, b):
+    """Same length; equal within 1e-5 of the peak (separate processes may pick other float
+    kernels for the stateful vocoder, which moves the last bits)."""
+    assert a.shape == b.shape
+    assert np.abs(a - b).max() <= 1e-5 * max(np.abs(b).max(), 1e-12)

@@ -408,6 +408,11 @@ class OmniIngress:
             logger.warning("request %s failed: %s", req.request_id, e)
             err = APIError(500, f"request {req.request_id} failed: {e}", type="server_error")
             yield f"data: {json.dumps(err.body())}\n\n"
+        except Exception as e:  # never cut a started stream without an error event and [DONE]
+            logger.warning("request %s failed: %s", req.request_id, type(e).__name__)
+            err = APIError(500, f"request {req.request_id} failed: {type(e).__name__}",
+                           type="server_error")
+            yield f"data: {json.dumps(err.body())}\n\n"
         finally:
             stream.close()  # also when the client left before the first event
         yield "data: [DONE]\n\n"
