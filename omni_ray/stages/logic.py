@@ -40,8 +40,25 @@ class StageLogic:
     def on_chunk(self, chunk) -> list[Emit]: return []
     def step(self) -> list[Emit]: return []
     def has_work(self) -> bool: return False
-    def abort(self, request_id: str) -> None: ...
     def num_requests(self) -> int: return 0
+    def _forget(self, rid: str) -> None: ...
+
+    # Shared by every stage: fault injection, per-request errors, abort.
+    def fail_next_step(self, request_id: str) -> None:
+        """Tests only: the request fails at this stage's next step."""
+        self._fail.add(request_id)
+
+    def _fault(self, rid: str) -> Emit:
+        return self._error_emit(rid, f"injected fault in {self.stage}")
+
+    def _error_emit(self, rid: str, msg: str) -> Emit:
+        self.runner.abort(rid)
+        self._forget(rid)
+        return Emit(rid, "out", None, True, error=msg)
+
+    def abort(self, request_id: str) -> None:
+        self.runner.abort(request_id)
+        self._forget(request_id)
 
 
 class ThinkerLogic(StageLogic):
@@ -61,9 +78,6 @@ class ThinkerLogic(StageLogic):
             ThinkerChunker(req.request_id, req.prompt_token_ids, self.pipeline.mode)
             if has_downstream else None)
         self._seq[req.request_id] = 0
-
-    def fail_next_step(self, request_id: str) -> None:
-        self._fail.add(request_id)
 
     def has_work(self) -> bool:
         return self.runner.has_unfinished()
@@ -91,22 +105,10 @@ class ThinkerLogic(StageLogic):
                 self._forget(rid)
         return emits
 
-    def _fault(self, rid: str) -> Emit:
-        self.runner.abort(rid)
-        return self._error_emit(rid, "injected fault in thinker")
-
-    def _error_emit(self, rid: str, msg: str) -> Emit:
-        self._forget(rid)
-        return Emit(rid, "out", None, True, error=msg)
-
     def _forget(self, rid: str) -> None:
         self._chunkers.pop(rid, None)
         self._seq.pop(rid, None)
         self._fail.discard(rid)
-
-    def abort(self, request_id: str) -> None:
-        self.runner.abort(request_id)
-        self._forget(request_id)
 
     def num_requests(self) -> int:
         return max(self.runner.num_requests, len(self._seq))
@@ -131,9 +133,6 @@ class TalkerLogic(StageLogic):
         self._chunkers[req.request_id] = CodecChunker(req.request_id, p.mode,
                                                       p.initial_chunk_frames, p.chunk_frames,
                                                       self.groups)
-
-    def fail_next_step(self, request_id: str) -> None:
-        self._fail.add(request_id)
 
     def on_chunk(self, chunk: ThinkerChunk) -> list[Emit]:
         if chunk.request_id not in self._chunkers:
@@ -163,22 +162,9 @@ class TalkerLogic(StageLogic):
                 self._forget(rid)
         return emits
 
-    def _fault(self, rid: str) -> Emit:
-        self.runner.abort(rid)
-        return self._error_emit(rid, "injected fault in talker")
-
-    def _error_emit(self, rid: str, msg: str) -> Emit:
-        self.runner.abort(rid)
-        self._forget(rid)
-        return Emit(rid, "out", None, True, error=msg)
-
     def _forget(self, rid: str) -> None:
         self._chunkers.pop(rid, None)
         self._fail.discard(rid)
-
-    def abort(self, request_id: str) -> None:
-        self.runner.abort(request_id)
-        self._forget(request_id)
 
     def num_requests(self) -> int:
         return max(self.runner.num_requests, len(self._chunkers))
@@ -197,9 +183,6 @@ class Code2WavLogic(StageLogic):
     def add(self, req: OmniRequest, has_downstream: bool) -> None:
         self.runner.add_request(req.request_id)
         self._seq[req.request_id] = 0
-
-    def fail_next_step(self, request_id: str) -> None:
-        self._fail.add(request_id)
 
     def on_chunk(self, chunk: CodecChunk) -> list[Emit]:
         if chunk.request_id not in self._seq:
@@ -236,22 +219,10 @@ class Code2WavLogic(StageLogic):
                 self._forget(rid)
         return emits
 
-    def _fault(self, rid: str) -> Emit:
-        return self._error_emit(rid, "injected fault in code2wav")
-
-    def _error_emit(self, rid: str, msg: str) -> Emit:
-        self.runner.abort(rid)
-        self._forget(rid)
-        return Emit(rid, "out", None, True, error=msg)
-
     def _forget(self, rid: str) -> None:
         self._seq.pop(rid, None)
         self._fail.discard(rid)
         self._pending = [c for c in self._pending if c.request_id != rid]
-
-    def abort(self, request_id: str) -> None:
-        self.runner.abort(request_id)
-        self._forget(request_id)
 
     def num_requests(self) -> int:
         return max(self.runner.num_requests, len(self._seq))
