@@ -17,6 +17,7 @@ import torch
 
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.request import OmniRequest
+from omni_ray.inputs.processor import InputProcessor
 from omni_ray.models.loading import load_stage
 from omni_ray.models.tokenizer import encode_chat, load_tokenizer
 from omni_ray.payload import FinishReason
@@ -94,6 +95,7 @@ class Omni:
         cfg = tk.config
         self.config = cfg
         self.tokenizer = load_tokenizer(model)
+        self.inputs = InputProcessor(model, self.tokenizer)
         self.talker = TalkerRunner(tk.module, tk.text_embedding, cfg, max_num_seqs=max_num_seqs,
                                    device=device)
         self.code2wav = Code2WavRunner(cw.module, mode=self.pipeline.code2wav_mode,
@@ -104,6 +106,13 @@ class Omni:
     def prompt_ids(self, text: str, system: str | None = None) -> list[int]:
         messages = ([{"role": "system", "content": system}] if system else [])
         return encode_chat(self.tokenizer, messages + [{"role": "user", "content": text}])
+
+    def request(self, messages: list[dict], request_id: str = "offline", **fields) -> OmniRequest:
+        """An ``OmniRequest`` for chat ``messages`` whose content may hold audio and image parts
+        (``{"type": "audio", "audio": float32 16 kHz numpy}``, ``{"type": "image", "image": PIL
+        image}``, see ``omni_ray.inputs``); ``fields`` set the rest (speaker, max_tokens, ...)."""
+        ids, mm = self.inputs.build(messages)
+        return OmniRequest(request_id=request_id, prompt_token_ids=ids, mm=mm, **fields)
 
     def generate(self, requests: OmniRequest | list[OmniRequest]) -> list[OmniOutput]:
         """Run requests together (continuous batching); returns outputs in request order."""
@@ -132,8 +141,9 @@ class Omni:
     def _add(self, r: OmniRequest, now: float) -> _Track:
         """Register ``r`` with every stage it needs; returns its driver-side track."""
         p = self.pipeline
+        mm = {"mm": r.mm} if r.mm is not None else {}
         self.thinker.add_request(r.request_id, r.prompt_token_ids, r.thinker_sampling,
-                                 r.max_tokens, list(r.stop_token_ids))
+                                 r.max_tokens, list(r.stop_token_ids), **mm)
         chunker = None
         if r.wants_audio:
             self.talker.add_request(r.request_id, r.speaker, r.talker_sampling,
@@ -157,10 +167,13 @@ class Omni:
                 t.text_done, t.reason = True, out.finish_reason
             if not t.req.wants_audio or t.talker_done:
                 continue  # text only, or the talker already finished (e.g. max_audio_frames)
+            if out.mm is not None:
+                t.thinker_chunker.set_mm(out.mm.hidden, out.mm.image_grid_thw,
+                                         out.mm.audio_feature_lengths)
             for chunk in t.thinker_chunker.add(out.new_token_ids, out.finished, out.finish_reason):
                 c = send_local(chunk)
                 self.talker.push_text(c.request_id, c.token_ids, c.finished, c.prompt_token_ids,
-                                      c.mm_hidden)
+                                      c.mm_hidden, c.image_grid_thw, c.audio_feature_lengths)
         return True
 
     # 2) Talker: one frame per ready request; codec chunks to code2wav, decoded on arrival.

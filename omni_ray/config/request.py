@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from omni_ray.config.sampling import THINKER_GREEDY, TALKER_GREEDY, SamplingParams
+from omni_ray.payload.mm import MultiModalInputs
 
 Modality = Literal["text", "audio"]
 
@@ -14,7 +15,7 @@ Modality = Literal["text", "audio"]
 class OmniRequest(BaseModel):
     """A prompt (already tokenised with the chat template) and what to produce from it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
     request_id: str = Field(min_length=1, max_length=256)
     prompt_token_ids: list[int] = Field(min_length=1)
@@ -25,12 +26,21 @@ class OmniRequest(BaseModel):
     stop_token_ids: tuple[int, ...] = ()
     thinker_sampling: SamplingParams = THINKER_GREEDY
     talker_sampling: SamplingParams = TALKER_GREEDY
+    # audio / image inputs of the prompt (the thinker's encoders read them); None for text only
+    mm: MultiModalInputs | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "OmniRequest":
         if not self.modalities or len(set(self.modalities)) != len(self.modalities):
             raise ValueError(f"modalities must be a non-empty set of text/audio, got {self.modalities}")
+        if self.mm is not None:
+            self.mm.validate()
         return self
+
+    def without_media(self) -> "OmniRequest":
+        """This request for the stages after the thinker: no encoder inputs (they get the
+        thinker's hidden states instead)."""
+        return self if self.mm is None else self.model_copy(update={"mm": None})
 
     @property
     def wants_audio(self) -> bool:

@@ -108,7 +108,8 @@ class LimitsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_body_bytes: int = Field(1 << 20, ge=1024)
+    max_body_bytes: int = Field(32 << 20, ge=1024, description="a request body (base64 media "
+                                "included)")
     max_messages: int = Field(64, ge=1)
     max_prompt_tokens: int = Field(4096, ge=1)
     max_tokens: int = Field(1024, ge=1, description="upper bound of a request's max_tokens")
@@ -119,6 +120,10 @@ class LimitsConfig(BaseModel):
                                  description="decoded size of one input_audio part")
     max_image_bytes: int = Field(10 << 20, ge=1,
                                  description="decoded (or fetched) size of one image_url part")
+    max_audio_seconds: float = Field(300.0, gt=0, description="duration of one input_audio part")
+    max_image_pixels: int = Field(4096 * 4096, ge=1,
+                                  description="width x height of one image (before resizing)")
+    max_media_parts: int = Field(16, ge=0, description="audio + image parts in one request")
     max_concurrent_requests_per_key: int = Field(
         0, ge=0, description="in-flight POSTs per API key and ingress replica; 0: unlimited")
 

@@ -7,6 +7,7 @@ use ``generate`` through a ``DeploymentHandle`` (``handle.options(stream=True)``
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -25,7 +26,8 @@ from omni_ray.config.request import OmniRequest
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.config.serving import OmniServingArgs
 from omni_ray.ingress import media
-from omni_ray.ingress.api_models import ChatCompletionRequest, TextPart
+from omni_ray.ingress.api_models import ChatCompletionRequest, InputAudioPart, TextPart
+from omni_ray.inputs.processor import InputProcessor
 from omni_ray.ingress.detok import Detokenizer
 from omni_ray.ingress.errors import (
     APIError,
@@ -74,6 +76,7 @@ class OmniIngress:
         self.args = OmniServingArgs.model_validate(args)
         model_dir = self.args.checkpoint_dir()
         self.tokenizer = load_tokenizer(model_dir)
+        self.inputs = InputProcessor(model_dir, self.tokenizer)
         cfg = load_omni_config(model_dir)
         self.speakers = sorted(k.lower() for k in cfg.talker_config.speaker_id)
         self.client = PipelineClient(thinker, talker, code2wav)
@@ -204,12 +207,10 @@ class OmniIngress:
         if "audio" in modalities and speaker not in self.speakers:
             raise bad_request(f"audio.voice: unknown voice {speaker!r}; available: {self.speakers}",
                               "audio.voice")
-        messages = [await self._message_text(i, m) for i, m in enumerate(body.messages)]
+        messages = [await self._message(i, m) for i, m in enumerate(body.messages)]
         if not any(m["role"] == "user" for m in messages):
             raise bad_request("messages: at least one user message is required", "messages")
-        from omni_ray.models.tokenizer import encode_chat
-
-        prompt_ids = encode_chat(self.tokenizer, messages)
+        prompt_ids, mm = await asyncio.to_thread(self._prompt, messages)
         max_tokens = body.max_completion_tokens or body.max_tokens or lim.default_max_tokens
         if max_tokens > lim.max_tokens:
             raise bad_request(f"max_tokens: {max_tokens} is over limits.max_tokens={lim.max_tokens}",
@@ -236,28 +237,86 @@ class OmniIngress:
             talker = talker.model_copy(update={"seed": body.seed})
         req = OmniRequest(request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt_token_ids=prompt_ids,
                           modalities=modalities, speaker=speaker, max_tokens=max_tokens,
-                          max_audio_frames=frames, thinker_sampling=thinker, talker_sampling=talker)
+                          max_audio_frames=frames, thinker_sampling=thinker, talker_sampling=talker,
+                          mm=mm)
         if self.args.security.log_prompts:  # debug only: prompts stay out of logs by default
             logger.info("request %s prompt: %s", req.request_id, json.dumps(messages))
         return req, audio_format
 
-    async def _message_text(self, i: int, m) -> dict:
+    async def _message(self, i: int, m) -> dict:
+        """One message as ``chat_prompt`` takes it; media parts carry their (checked, not yet
+        decoded) bytes and the name of their field."""
         role = "system" if m.role == "developer" else m.role
         if m.content is None or m.content == "" or m.content == []:
             raise bad_request(f"messages.{i}.content: must not be empty", f"messages.{i}.content")
         if isinstance(m.content, str):
             return {"role": role, "content": m.content}
-        texts = []
+        parts = []
         for j, part in enumerate(m.content):
-            if not isinstance(part, TextPart):
-                # Media limits and the remote-URL policy first, so their message wins.
-                await media.check_part(part, f"messages.{i}.content.{j}", self.args.limits,
-                                       self.args.security)
-                raise bad_request(f"messages.{i}.content.{j}: content part type {part.type!r} is not "
-                                  "supported by this deployment", f"messages.{i}.content.{j}.type",
+            param = f"messages.{i}.content.{j}"
+            if isinstance(part, TextPart):
+                parts.append({"type": "text", "text": part.text})
+                continue
+            # Media limits and the remote-URL policy first, so their message wins.
+            data = await media.read_part(part, param, self.args.limits, self.args.security)
+            if role != "user":
+                raise bad_request(f"{param}: audio and image parts are accepted in user messages "
+                                  "only", f"{param}.type", code="unsupported_content")
+            unsupported = self._media_unsupported()
+            if unsupported:
+                raise bad_request(f"{param}: content part type {part.type!r} is not supported by "
+                                  f"this deployment ({unsupported})", f"{param}.type",
                                   code="unsupported_content")
-            texts.append(part.text)
-        return {"role": role, "content": "".join(texts)}
+            if isinstance(part, InputAudioPart):
+                parts.append({"type": "audio", "data": data, "format": part.input_audio.format,
+                              "param": param})
+            else:
+                parts.append({"type": "image", "data": data, "param": param})
+        if all(p["type"] == "text" for p in parts):
+            return {"role": role, "content": "".join(p["text"] for p in parts)}
+        return {"role": role, "content": parts}
+
+    def _media_unsupported(self) -> str | None:
+        """Why this deployment cannot take audio / image input, or None."""
+        if self.args.thinker.backend != "transformers":
+            return f"thinker backend {self.args.thinker.backend!r}"
+        if self.args.disaggregated:
+            return "thinker prefill/decode disaggregation"
+        if not self.inputs.supports_media:
+            return "the checkpoint has no processor files"
+        return None
+
+    def _prompt(self, messages: list[dict]):
+        """Decode the media parts and run the processor (in a worker thread): prompt token ids
+        and the encoder inputs (None for text-only prompts)."""
+        from omni_ray.inputs.audio import decode_audio
+        from omni_ray.inputs.errors import InputError
+        from omni_ray.inputs.image import decode_image
+
+        lim = self.args.limits
+        media_parts = [p for m in messages if not isinstance(m["content"], str)
+                       for p in m["content"] if p["type"] != "text"]
+        if len(media_parts) > lim.max_media_parts:
+            raise bad_request(f"messages: {len(media_parts)} audio/image parts, over "
+                              f"limits.max_media_parts={lim.max_media_parts}", "messages",
+                              code="too_many_media_parts")
+        for p in media_parts:
+            try:
+                if p["type"] == "audio":
+                    p["audio"] = decode_audio(p["data"], p["format"],
+                                              max_seconds=lim.max_audio_seconds)
+                else:
+                    p["image"] = decode_image(p["data"], max_pixels=lim.max_image_pixels)
+            except InputError as e:
+                raise bad_request(f"{p['param']}.{e.field}: {e.message}",
+                                  f"{p['param']}.{e.field}", code=e.code) from None
+        try:
+            return self.inputs.build(messages)
+        except ValueError as e:  # the processor refused the media (e.g. an extreme aspect ratio)
+            if not media_parts:
+                raise
+            raise bad_request(f"messages: cannot process the audio/image input: {e}", "messages",
+                              code="invalid_media") from None
 
     async def _open(self, req: OmniRequest, fault: str | None,
                     track: RequestTrack, kv_fault: str | None = None) -> PipelineStream:
@@ -408,7 +467,12 @@ class OmniIngress:
             logger.warning("request %s failed: %s", req.request_id, e)
             err = APIError(500, f"request {req.request_id} failed: {e}", type="server_error")
             yield f"data: {json.dumps(err.body())}\n\n"
-        except Exception as e:  # never cut a started stream without an error event and [DONE]
+        except (Exception, asyncio.CancelledError) as e:
+            # Never cut a started stream without an error event and [DONE]. A CancelledError is
+            # passed on only when this task is being cancelled (the client left); one raised by
+            # an inner await (a stage call cancelled under us) is an error like any other.
+            if isinstance(e, asyncio.CancelledError) and _task_cancelling():
+                raise
             logger.warning("request %s failed: %s", req.request_id, type(e).__name__)
             err = APIError(500, f"request {req.request_id} failed: {type(e).__name__}",
                            type="server_error")
@@ -416,6 +480,12 @@ class OmniIngress:
         finally:
             stream.close()  # also when the client left before the first event
         yield "data: [DONE]\n\n"
+
+
+def _task_cancelling() -> bool:
+    """Whether the current task has been asked to cancel (the client disconnected)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 def _finish(reason: FinishReason) -> str:

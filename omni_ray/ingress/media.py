@@ -170,21 +170,29 @@ async def _download(target: httpx.URL, port: int, allowed_hosts: list[str], max_
 
 
 # -- content parts -------------------------------------------------------------------------------
-async def check_part(part, param: str, limits: LimitsConfig, security: SecurityConfig, *,
-                     fetch=fetch_media) -> None:
-    """Enforce the media limits and the remote-URL policy on one content part (``param`` names
-    it, ``messages.N.content.M``); raise a 400 ``APIError`` naming the limit or the policy."""
-    if isinstance(part, InputAudioPart):
-        p = f"{param}.input_audio.data"
-        data = part.input_audio.data
-        if is_remote(data):
-            raise bad_request(f"{p}: must be base64 audio; URLs are not fetched", p,
-                              code="invalid_audio")
-        n = base64_size(data)
-        if n > limits.max_audio_bytes:
-            raise bad_request(f"{p}: decoded audio is {n} bytes, over limits.max_audio_bytes="
-                              f"{limits.max_audio_bytes}", p, code="audio_too_large")
-    elif isinstance(part, ImageURLPart):
+async def read_part(part, param: str, limits: LimitsConfig, security: SecurityConfig, *,
+                    fetch=fetch_media) -> bytes:
+    """The media bytes of one content part (``param`` names it, ``messages.N.content.M``):
+    inline data decoded, a remote image fetched. Enforces the size limits and the remote-URL
+    policy; raises a 400 ``APIError`` naming the limit, the policy or the malformed field."""
+    from omni_ray.inputs.audio import decode_base64
+    from omni_ray.inputs.errors import InputError
+    from omni_ray.inputs.image import data_url_bytes
+
+    try:
+        if isinstance(part, InputAudioPart):
+            p = f"{param}.input_audio.data"
+            data = part.input_audio.data
+            if is_remote(data):
+                raise bad_request(f"{p}: must be base64 audio; URLs are not fetched", p,
+                                  code="invalid_audio")
+            n = base64_size(data)
+            if n > limits.max_audio_bytes:
+                raise bad_request(f"{p}: decoded audio is {n} bytes, over limits.max_audio_bytes="
+                                  f"{limits.max_audio_bytes}", p, code="audio_too_large")
+            return decode_base64(data)
+        if not isinstance(part, ImageURLPart):
+            raise TypeError(f"not a media part: {type(part).__name__}")
         p = f"{param}.image_url.url"
         url = part.image_url.url.strip()
         if url[:5].lower() == "data:":
@@ -192,21 +200,24 @@ async def check_part(part, param: str, limits: LimitsConfig, security: SecurityC
             if n > limits.max_image_bytes:
                 raise bad_request(f"{p}: decoded image is {n} bytes, over limits.max_image_bytes="
                                   f"{limits.max_image_bytes}", p, code="image_too_large")
-        elif is_remote(url):
-            if not security.allow_remote_media:
-                raise bad_request(f"{p}: remote media fetching is disabled "
-                                  "(security.allow_remote_media)", p, code="remote_media_disabled")
-            cap, cap_name = min((limits.max_image_bytes, "limits.max_image_bytes"),
-                                (security.max_media_fetch_bytes, "security.max_media_fetch_bytes"))
-            try:
-                await fetch(url, allowed_hosts=security.allowed_media_hosts,
-                            timeout_s=security.media_fetch_timeout_s, max_bytes=cap)
-            except MediaTooLarge:
-                raise bad_request(f"{p}: the image is over {cap_name}={cap}", p,
-                                  code="image_too_large") from None
-            except MediaFetchError as e:
-                raise bad_request(f"{p}: {e}", p, code="media_fetch_failed") from None
-        else:
+            return data_url_bytes(url)
+        if not is_remote(url):
             raise bad_request(f"{p}: only data: URLs (and http(s) URLs when "
                               "security.allow_remote_media is on) are accepted", p,
                               code="invalid_url")
+        if not security.allow_remote_media:
+            raise bad_request(f"{p}: remote media fetching is disabled "
+                              "(security.allow_remote_media)", p, code="remote_media_disabled")
+        cap, cap_name = min((limits.max_image_bytes, "limits.max_image_bytes"),
+                            (security.max_media_fetch_bytes, "security.max_media_fetch_bytes"))
+        try:
+            return await fetch(url, allowed_hosts=security.allowed_media_hosts,
+                               timeout_s=security.media_fetch_timeout_s, max_bytes=cap)
+        except MediaTooLarge:
+            raise bad_request(f"{p}: the image is over {cap_name}={cap}", p,
+                              code="image_too_large") from None
+        except MediaFetchError as e:
+            raise bad_request(f"{p}: {e}", p, code="media_fetch_failed") from None
+    except InputError as e:
+        raise bad_request(f"{param}.{e.field}: {e.message}", f"{param}.{e.field}",
+                          code=e.code) from None

@@ -54,10 +54,11 @@ class PipelineClient:
         try:
             downstream = None
             if req.wants_audio:
-                c2w = self.code2wav.options(stream=True).open.remote(req, None)
+                later = req.without_media()  # the encoders' inputs go to the thinker only
+                c2w = self.code2wav.options(stream=True).open.remote(later, None)
                 gens.append(("code2wav", c2w))
                 c2w_engine = await _first(c2w, "code2wav")
-                tk = self.talker.options(stream=True).open.remote(req, c2w_engine)
+                tk = self.talker.options(stream=True).open.remote(later, c2w_engine)
                 gens.append(("talker", tk))
                 downstream = await _first(tk, "talker")
             await self._open_thinker(req, downstream, gens)

@@ -47,5 +47,9 @@ def load_stage(model_dir: str | Path, stage: str, device: str = "cpu", dtype=Non
         embedding = embedding.to(device)
     module = getattr(full, stage).to(device).eval()
     config = full.config
+    if stage == "talker":
+        # transformers' talker mrope index reads ``config.audio_config.n_window`` (the audio
+        # encoder's), which the talker config lacks (5.24): lend it the thinker's.
+        module.config.audio_config = config.thinker_config.audio_config
     del full
     return StageModules(config=config, module=module, text_embedding=embedding)

@@ -26,6 +26,30 @@ OMNI_SPECIAL_TOKENS = {
     151674: "<tts_text_bos_single>",
     151675: "<|audio_pad|>",
 }
+# Named special tokens the processor looks up on the tokenizer (as in Qwen3-Omni's own files).
+MODEL_SPECIAL_TOKENS = {
+    "audio_token": "<|audio_pad|>", "image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
+    "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>",
+    "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
+}
+# The chat format of omni_ray.models.tokenizer.chat_prompt, as a template for the processor:
+# text parts verbatim, one placeholder per audio clip / image (the processor expands it).
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message.role + '\\n' -}}"
+    "{%- if message.content is string -%}{{- message.content -}}"
+    "{%- else -%}{%- for part in message.content -%}"
+    "{%- if part.type == 'text' -%}{{- part.text -}}"
+    "{%- elif part.type == 'audio' -%}{{- '<|audio_start|><|audio_pad|><|audio_end|>' -}}"
+    "{%- elif part.type == 'image' -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+# Tiny image sizes: 32x32 pixels per merged patch, at most 16 of them (real: 768x768 / 32^2).
+TINY_IMAGE_MIN_PIXELS = 32 * 32
+TINY_IMAGE_MAX_PIXELS = 32 * 32 * 16
 AUDIO_GAIN = 3.0e5
 SPEAKERS = {"chelsie": 2301, "ethan": 2302, "aiden": 2303}
 # Attention heads are 64 wide: vLLM's CPU attention rejects smaller ones.
@@ -130,7 +154,28 @@ def write_tokenizer(out: Path) -> None:
         cfg["added_tokens_decoder"][str(tid)] = dict(
             content=content, lstrip=False, normalized=False, rstrip=False, single_word=False,
             special=True)
+    cfg.update(MODEL_SPECIAL_TOKENS)
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=2))
+
+
+def write_processor(out: Path) -> None:
+    """The processor files (Qwen3OmniMoeProcessor: Whisper features for audio, Qwen2-VL patches
+    for images and video) next to the tokenizer, in the layout transformers saves."""
+    from transformers import AutoTokenizer, Qwen3OmniMoeProcessor, WhisperFeatureExtractor
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    vision = dict(patch_size=16, temporal_patch_size=2, merge_size=2,
+                  image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    processor = Qwen3OmniMoeProcessor(
+        image_processor=Qwen2VLImageProcessor(min_pixels=TINY_IMAGE_MIN_PIXELS,
+                                              max_pixels=TINY_IMAGE_MAX_PIXELS, **vision),
+        video_processor=Qwen2VLVideoProcessor(**vision),
+        feature_extractor=WhisperFeatureExtractor(feature_size=128, sampling_rate=16000,
+                                                  hop_length=160, chunk_length=30, n_fft=400,
+                                                  return_attention_mask=True),
+        tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(str(out))
 
 
 def make_tiny_checkpoint(out_dir: str | os.PathLike, seed: int = 0) -> Path:
@@ -157,6 +202,7 @@ def make_tiny_checkpoint(out_dir: str | os.PathLike, seed: int = 0) -> Path:
         final.bias.mul_(AUDIO_GAIN)
     model.save_pretrained(out, safe_serialization=True)
     write_tokenizer(out)
+    write_processor(out)
     return out
 
 
@@ -164,6 +210,9 @@ def ensure_tiny_checkpoint(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     """Make the tiny checkpoint unless ``out_dir`` already holds one."""
     out = Path(out_dir)
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        if not (out / "processor_config.json").exists():  # made before audio/image input
+            write_tokenizer(out)
+            write_processor(out)
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     make_tiny_checkpoint(tmp, seed)

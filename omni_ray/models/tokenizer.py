@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# One placeholder per audio clip / image; the processor expands it to one token per encoder row.
+AUDIO_PLACEHOLDER = "<|audio_start|><|audio_pad|><|audio_end|>"
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+
 
 def load_tokenizer(model_dir: str | Path):
     from transformers import AutoTokenizer
@@ -14,10 +18,30 @@ def load_tokenizer(model_dir: str | Path):
 def chat_prompt(messages: list[dict]) -> str:
     """``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, then the assistant header.
 
-    ``messages`` are ``{"role": "system"|"user"|"assistant", "content": str}``.
+    ``messages`` are ``{"role": "system"|"user"|"assistant", "content": str | list[part]}``; a
+    part is ``{"type": "text", "text": str}``, ``{"type": "audio", ...}`` or
+    ``{"type": "image", ...}`` (media parts become placeholders, in order). The tiny checkpoint's
+    chat template (models/tiny.py) renders the same string.
     """
-    parts = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+    parts = [f"<|im_start|>{m['role']}\n{_content(m['content'])}<|im_end|>\n" for m in messages]
     return "".join(parts) + "<|im_start|>assistant\n"
+
+
+def _content(content) -> str:
+    if isinstance(content, str):
+        return content
+    out = []
+    for part in content:
+        kind = part["type"]
+        if kind == "text":
+            out.append(part["text"])
+        elif kind == "audio":
+            out.append(AUDIO_PLACEHOLDER)
+        elif kind == "image":
+            out.append(IMAGE_PLACEHOLDER)
+        else:
+            raise ValueError(f"unknown content part type {kind!r}")
+    return "".join(out)
 
 
 def encode_chat(tokenizer, messages: list[dict]) -> list[int]:

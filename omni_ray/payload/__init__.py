@@ -15,6 +15,7 @@ from omni_ray.payload.chunks import (
 from omni_ray.payload.codec import decode, decode_chunk, encode, encode_chunk
 from omni_ray.payload.errors import PayloadDecodeError, PayloadEncodeError, PayloadError
 from omni_ray.payload.kv import KVChunk
+from omni_ray.payload.mm import MultiModalInputs
 
 __all__ = [
     "CHUNK_TYPES",
@@ -23,6 +24,7 @@ __all__ = [
     "CodecChunk",
     "FinishReason",
     "KVChunk",
+    "MultiModalInputs",
     "PayloadDecodeError",
     "PayloadEncodeError",
     "PayloadError",

@@ -52,11 +52,24 @@ class ThinkerChunk:
     # chunk 0 only: [n_mm, hidden] accept-layer hidden rows at the multimodal prompt positions, any
     # float dtype (bf16 included); the talker needs them because it cannot re-encode audio/images
     mm_hidden: torch.Tensor | None = None
+    # chunk 0 only, with mm_hidden: the multimodal layout the talker's mrope positions follow
+    image_grid_thw: torch.Tensor | None = None  # [n_images, 3] int64 (t, h, w patches)
+    audio_feature_lengths: torch.Tensor | None = None  # [n_audios] int64 mel frames
 
     def validate(self) -> None:
         """Raise `PayloadError` (with the field name as `path`) if any field is malformed."""
         _validate_common(self)
         _check_token_ids("token_ids", self.token_ids)
+        if self.image_grid_thw is not None:
+            _check_tensor("image_grid_thw", self.image_grid_thw, ndim=2, dtype=torch.int64)
+            if self.image_grid_thw.shape[1] != 3:
+                raise PayloadError(f"expected [n, 3], got {tuple(self.image_grid_thw.shape)}",
+                                   path="image_grid_thw")
+            _check_first_chunk_only("image_grid_thw", self.seq)
+        if self.audio_feature_lengths is not None:
+            _check_tensor("audio_feature_lengths", self.audio_feature_lengths, ndim=1,
+                          dtype=torch.int64)
+            _check_first_chunk_only("audio_feature_lengths", self.seq)
         if self.prompt_token_ids is not None:
             _check_token_ids("prompt_token_ids", self.prompt_token_ids)
             _check_first_chunk_only("prompt_token_ids", self.seq)

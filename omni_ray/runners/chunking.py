@@ -19,9 +19,19 @@ class ThinkerChunker:
         self.request_id = request_id
         self.prompt = list(prompt_token_ids)
         self.mm_hidden = mm_hidden
+        self.image_grid_thw: torch.Tensor | None = None
+        self.audio_feature_lengths: torch.Tensor | None = None
         self.stream = mode == "async_chunk"
         self.seq = 0
         self.pending: list[int] = []
+
+    def set_mm(self, hidden: torch.Tensor, image_grid_thw: torch.Tensor | None,
+               audio_feature_lengths: torch.Tensor | None) -> None:
+        """The multimodal prompt context (from the prefill); it rides on chunk 0."""
+        if self.seq != 0:
+            raise RuntimeError(f"{self.request_id}: multimodal context after chunk 0 was sent")
+        self.mm_hidden = hidden
+        self.image_grid_thw, self.audio_feature_lengths = image_grid_thw, audio_feature_lengths
 
     def add(self, token_ids: list[int], finished: bool,
             reason: FinishReason = FinishReason.NONE) -> list[ThinkerChunk]:
@@ -34,6 +44,8 @@ class ThinkerChunker:
             finish_reason=reason if finished else FinishReason.NONE,
             prompt_token_ids=self.prompt if first else None,
             mm_hidden=self.mm_hidden if first else None,
+            image_grid_thw=self.image_grid_thw if first else None,
+            audio_feature_lengths=self.audio_feature_lengths if first else None,
         )
         self.seq += 1
         self.pending = []

@@ -29,7 +29,8 @@ def make_thinker_runner(backend: str, model_dir: str | Path, device: str = "cpu"
 
         th = load_stage(model_dir, "thinker", device, dtype)
         return ThinkerRunner(th.module, eos_token_ids=[th.config.im_end_token_id],
-                             max_num_seqs=max_num_seqs, device=device)
+                             max_num_seqs=max_num_seqs, device=device,
+                             accept_hidden_layer=th.config.talker_config.accept_hidden_layer)
 
     from omni_ray.runners.vllm_thinker import VllmThinkerRunner
 

@@ -44,6 +44,9 @@ class _Seq:
     generator: torch.Generator | None
     prompt_ids: list[int] | None = None
     mm_hidden: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None  # multimodal layout, for the mrope positions
+    audio_feature_lengths: torch.Tensor | None = None
+    rope_delta: int = 0  # mrope offset of decode positions (0 for text-only prompts)
     text_ids: list[int] = field(default_factory=list)
     text_finished: bool = False
     assistant_start: int = -1
@@ -111,7 +114,9 @@ class TalkerRunner:
 
     def push_text(self, request_id: str, token_ids: list[int], finished: bool,
                   prompt_token_ids: list[int] | None = None,
-                  mm_hidden: torch.Tensor | None = None) -> None:
+                  mm_hidden: torch.Tensor | None = None,
+                  image_grid_thw: torch.Tensor | None = None,
+                  audio_feature_lengths: torch.Tensor | None = None) -> None:
         """Deliver thinker output; the first delivery carries the prompt."""
         seq = self._seqs.get(request_id)
         if seq is None:
@@ -123,6 +128,7 @@ class TalkerRunner:
                 raise ValueError(f"{request_id}: prompt delivered twice")
             seq.prompt_ids = list(prompt_token_ids)
             seq.mm_hidden = mm_hidden
+            seq.image_grid_thw, seq.audio_feature_lengths = image_grid_thw, audio_feature_lengths
             seq.assistant_start = _assistant_start(seq.prompt_ids, self.cfg)
         elif seq.prompt_ids is None:
             raise ValueError(f"{request_id}: text delivered before the prompt")
@@ -182,11 +188,14 @@ class TalkerRunner:
                                             reason))
         return outputs
 
-    def _forward(self, seq: _Seq, embeds: torch.Tensor, start: int) -> None:
-        """Run the talker backbone on ``embeds`` [1, L, D]; sample the next codebook-0 token."""
+    def _forward(self, seq: _Seq, embeds: torch.Tensor, start: int,
+                 positions: torch.Tensor | None = None) -> None:
+        """Run the talker backbone on ``embeds`` [1, L, D] (mrope ``positions`` [3, 1, L] if
+        given); sample the next codebook-0 token."""
         length = embeds.shape[1]
         text = torch.arange(start, start + length, device=self.device).view(1, 1, -1)
-        pos = torch.cat([text, text.expand(3, 1, -1)], dim=0)
+        rope = positions if positions is not None else (text + seq.rope_delta).expand(3, 1, -1)
+        pos = torch.cat([text, rope], dim=0)
         out = self.model(inputs_embeds=embeds, position_ids=pos, cache=seq.cache, use_cache=True,
                          output_hidden_states=True, generation_step=seq.gen_step - 1)
         seq.cache = out.cache
@@ -202,7 +211,20 @@ class TalkerRunner:
         assistant = self._assistant_part(seq)
         embeds = torch.cat([user, assistant], dim=1) if user is not None else assistant
         seq.cache = DynamicCache(config=self.model.config.text_config)
-        self._forward(seq, embeds, 0)
+        self._forward(seq, embeds, 0, self._mm_positions(seq, assistant.shape[1]))
+
+    def _mm_positions(self, seq: _Seq, assistant_len: int) -> torch.Tensor | None:
+        """3-D mrope positions of a multimodal prompt (user turns + assistant part), as
+        transformers' talker computes them; sets the decode offset ``rope_delta``."""
+        if seq.image_grid_thw is None and seq.audio_feature_lengths is None:
+            return None
+        user_ids = [seq.prompt_ids[p] for p in _user_positions(seq.prompt_ids, self.cfg)]
+        ids = torch.tensor([user_ids + [self.cfg.tts_pad_token_id] * assistant_len])
+        rope, delta = self.model.get_rope_index(ids, seq.image_grid_thw, None,
+                                                torch.ones_like(ids), False,
+                                                seq.audio_feature_lengths)
+        seq.rope_delta = int(delta.reshape(-1)[0])
+        return rope.to(self.device)
 
     def _decode(self, seq: _Seq, residual=None) -> torch.Tensor:
         k = seq.gen_step

@@ -9,6 +9,11 @@ Prefill/decode disaggregation: ``prefill_only`` runs a prompt and samples its fi
 registering the request (the prefill replica keeps the returned cache until it has saved it);
 ``add_prefilled`` registers a request whose KV was computed elsewhere: its next step emits the
 given first token, then it decodes as usual, so its output equals an unsplit run's.
+
+Audio / image prompts: the request carries the processor's encoder inputs (``MultiModalInputs``);
+the prefill runs the thinker's audio and vision encoders, uses the prompt's 3-D mrope positions
+(decode continues at ``rope_delta``) and keeps the ``accept_hidden_layer`` hidden states at the
+multimodal positions for the talker (``MMContext`` on the request's first step output).
 """
 
 from __future__ import annotations
@@ -18,9 +23,18 @@ from dataclasses import dataclass, field
 import torch
 
 from omni_ray.config.sampling import SamplingParams
-from omni_ray.payload import FinishReason
+from omni_ray.payload import FinishReason, MultiModalInputs
 from omni_ray.runners.kv import Prefilled
 from omni_ray.runners.sampling import make_generator, sample_token
+
+
+@dataclass
+class MMContext:
+    """What the talker needs of a multimodal prompt (it rides on ThinkerChunk 0)."""
+
+    hidden: torch.Tensor  # [n_mm, hidden] accept-layer hidden states at the multimodal positions
+    image_grid_thw: torch.Tensor | None  # [n_images, 3] int64
+    audio_feature_lengths: torch.Tensor | None  # [n_audios] int64
 
 
 @dataclass
@@ -33,6 +47,7 @@ class ThinkerStepOutput:
     finish_reason: FinishReason
     num_prompt_tokens: int
     error: str | None = None  # set when this request failed (finish_reason ERROR)
+    mm: MMContext | None = None  # on the prefill step of a multimodal prompt
 
 
 @dataclass
@@ -47,6 +62,8 @@ class _Seq:
     cache: object = None
     rope_delta: int = 0  # mrope offset of decode positions (0 for text-only prompts)
     first_token: int | None = None  # sampled by a prefill elsewhere; the next step emits it
+    mm_inputs: MultiModalInputs | None = None  # encoder inputs, dropped after the prefill
+    mm_out: MMContext | None = None  # made by the prefill, handed out once by ``step``
 
     @property
     def prefilled(self) -> bool:
@@ -57,25 +74,43 @@ class ThinkerRunner:
     """Step loop that owns the thinker module."""
 
     def __init__(self, thinker, *, eos_token_ids: list[int], max_num_seqs: int = 64,
-                 device: str = "cpu"):
+                 device: str = "cpu", accept_hidden_layer: int | None = None):
         self.model = thinker
         self.eos_token_ids = frozenset(eos_token_ids)
+        cfg = thinker.config
+        self.mm_token_ids = torch.tensor([cfg.audio_token_id, cfg.image_token_id,
+                                          cfg.video_token_id])
+        self.accept_hidden_layer = accept_hidden_layer
         self.max_num_seqs = max_num_seqs
         self.device = device
         self._seqs: dict[str, _Seq] = {}
 
     # -- request lifecycle -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    max_tokens: int, stop_token_ids: list[int] | None = None) -> None:
+                    max_tokens: int, stop_token_ids: list[int] | None = None,
+                    mm: MultiModalInputs | None = None) -> None:
         if request_id in self._seqs:
             raise ValueError(f"duplicate request_id {request_id!r}")
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if mm is not None:
+            self._check_mm(prompt_ids, mm)
         stop = self.eos_token_ids | frozenset(stop_token_ids or ())
         self._seqs[request_id] = _Seq(request_id, list(prompt_ids), params, max_tokens, stop,
-                                      make_generator(params))
+                                      make_generator(params), mm_inputs=mm)
+
+    def _check_mm(self, prompt_ids: list[int], mm: MultiModalInputs) -> None:
+        """Placeholders in the prompt must match the inputs (else the encoders would fail
+        mid-step); a talker downstream needs ``accept_hidden_layer``."""
+        cfg = self.model.config
+        n_audio = sum(1 for t in prompt_ids if t == cfg.audio_start_token_id)
+        n_image = sum(1 for a, b in zip(prompt_ids, prompt_ids[1:])
+                      if a == cfg.vision_start_token_id and b == cfg.image_token_id)
+        if n_audio != mm.num_audios or n_image != mm.num_images:
+            raise ValueError(f"the prompt has {n_audio} audio and {n_image} image placeholders, "
+                             f"the inputs {mm.num_audios} audio and {mm.num_images} images")
 
     def add_prefilled(self, request_id: str, prompt_ids: list[int], first_token: int, cache,
                       params: SamplingParams, max_tokens: int,
@@ -141,8 +176,9 @@ class ThinkerRunner:
             finished = reason != FinishReason.NONE
             if finished:
                 del self._seqs[seq.request_id]  # frees its KV cache
+            mm, seq.mm_out = seq.mm_out, None
             outputs.append(ThinkerStepOutput(seq.request_id, [token], finished, reason,
-                                             len(seq.prompt_ids)))
+                                             len(seq.prompt_ids), mm=mm))
         return outputs
 
     def _advance(self, seq: _Seq) -> int:
@@ -152,9 +188,12 @@ class ThinkerRunner:
             token, seq.first_token = seq.first_token, None
             return token
         if not seq.prefilled:
+            cache = DynamicCache(config=self.model.config.get_text_config())
+            if seq.mm_inputs is not None:
+                return self._prefill_mm(seq, cache)
             ids = seq.prompt_ids
             start = 0
-            seq.cache = DynamicCache(config=self.model.config.get_text_config())
+            seq.cache = cache
         else:
             ids = seq.output_ids[-1:]
             start = len(seq.prompt_ids) + len(seq.output_ids) - 1
@@ -163,6 +202,28 @@ class ThinkerRunner:
                                                                       self.device),
                          cache=seq.cache, use_cache=True)
         seq.cache = out.cache
+        return sample_token(out.logits[0, -1], seq.params, seq.output_ids, None, seq.generator)
+
+    def _prefill_mm(self, seq: _Seq, cache) -> int:
+        """Prefill a prompt with audio / images: encoders, 3-D mrope positions, accept-layer
+        hidden states at the multimodal positions (as transformers' generate() computes them)."""
+        mm = seq.mm_inputs
+        input_ids = torch.tensor([seq.prompt_ids], dtype=torch.long, device=self.device)
+        audio_lengths = mm.audio_feature_lengths()
+        rope, delta = self.model.get_rope_index(
+            input_ids, mm.image_grid_thw, None, torch.ones_like(input_ids), False,
+            audio_lengths)
+        text = torch.arange(input_ids.shape[1], device=self.device).view(1, 1, -1)
+        position_ids = torch.cat([text, rope.to(self.device)], dim=0)
+        want_hidden = self.accept_hidden_layer is not None
+        out = self.model(input_ids=input_ids, position_ids=position_ids, cache=cache,
+                         use_cache=True, output_hidden_states=want_hidden,
+                         **mm.model_kwargs(self.device))
+        seq.cache, seq.rope_delta, seq.mm_inputs = out.cache, int(delta.reshape(-1)[0]), None
+        if want_hidden:
+            mask = torch.isin(input_ids[0].cpu(), self.mm_token_ids)
+            hidden = out.hidden_states[self.accept_hidden_layer][0][mask.to(self.device)]
+            seq.mm_out = MMContext(hidden.detach().cpu(), mm.image_grid_thw, audio_lengths)
         return sample_token(out.logits[0, -1], seq.params, seq.output_ids, None, seq.generator)
 
 

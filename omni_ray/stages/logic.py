@@ -72,8 +72,12 @@ class ThinkerLogic(StageLogic):
         self._fail: set[str] = set()
 
     def add(self, req: OmniRequest, has_downstream: bool) -> None:
-        self.runner.add_request(req.request_id, req.prompt_token_ids, req.thinker_sampling,
-                                req.max_tokens, list(req.stop_token_ids))
+        if req.mm is not None:
+            self.runner.add_request(req.request_id, req.prompt_token_ids, req.thinker_sampling,
+                                    req.max_tokens, list(req.stop_token_ids), mm=req.mm)
+        else:
+            self.runner.add_request(req.request_id, req.prompt_token_ids, req.thinker_sampling,
+                                    req.max_tokens, list(req.stop_token_ids))
         self._chunkers[req.request_id] = (
             ThinkerChunker(req.request_id, req.prompt_token_ids, self.pipeline.mode)
             if has_downstream else None)
@@ -99,6 +103,9 @@ class ThinkerLogic(StageLogic):
             emits.append(Emit(rid, "out", delta, out.finished))
             chunker = self._chunkers[rid]
             if chunker is not None:
+                if out.mm is not None:
+                    chunker.set_mm(out.mm.hidden, out.mm.image_grid_thw,
+                                   out.mm.audio_feature_lengths)
                 for c in chunker.add(out.new_token_ids, out.finished, out.finish_reason):
                     emits.append(Emit(rid, "down", c, c.finished))
             if out.finished:
@@ -140,7 +147,8 @@ class TalkerLogic(StageLogic):
         if chunk.finish_reason == FinishReason.ERROR:
             return [self._error_emit(chunk.request_id, "thinker failed")]
         self.runner.push_text(chunk.request_id, chunk.token_ids, chunk.finished,
-                              chunk.prompt_token_ids, chunk.mm_hidden)
+                              chunk.prompt_token_ids, chunk.mm_hidden, chunk.image_grid_thw,
+                              chunk.audio_feature_lengths)
         return []
 
     def has_work(self) -> bool:
@@ -235,8 +243,8 @@ def build_stage_logic(stage: str, model_dir: str, stage_cfg, pipeline: PipelineC
 
     from omni_ray.models.loading import load_stage
     from omni_ray.runners.code2wav import Code2WavRunner
+    from omni_ray.runners.factory import make_thinker_runner
     from omni_ray.runners.talker import TalkerRunner
-    from omni_ray.runners.thinker import ThinkerRunner
 
     dtype = getattr(torch, stage_cfg.dtype)
     if stage == "thinker":
@@ -249,9 +257,8 @@ def build_stage_logic(stage: str, model_dir: str, stage_cfg, pipeline: PipelineC
                                        max_model_len=kwargs.pop("max_model_len", max_model_len),
                                        engine_kwargs=kwargs)
         else:
-            m = load_stage(model_dir, "thinker", stage_cfg.device, dtype)
-            runner = ThinkerRunner(m.module, eos_token_ids=[m.config.im_end_token_id],
-                                   max_num_seqs=stage_cfg.max_num_seqs, device=stage_cfg.device)
+            runner = make_thinker_runner("transformers", model_dir, stage_cfg.device, dtype,
+                                         stage_cfg.max_num_seqs)
         return ThinkerLogic(runner, pipeline)
     if stage == "talker":
         m = load_stage(model_dir, "talker", stage_cfg.device, dtype)

@@ -217,7 +217,7 @@ def audio(n):
 
 def check(part, limits=None, security=None, fetch=None):
     kw = {"fetch": fetch} if fetch else {}
-    return run(media.check_part(part, "messages.1.content.2", limits or LimitsConfig(),
+    return run(media.read_part(part, "messages.1.content.2", limits or LimitsConfig(),
                                 security or SecurityConfig(), **kw))
 
 

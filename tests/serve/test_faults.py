@@ -172,10 +172,20 @@ def test_dead_engine_fails_its_requests_and_is_replaced(fault_url, stage):
     audio = [SSEClient(url, body(f"Tell me a long story number {i}", max_tokens=400, frames=1200))
              for i in range(2)]
     texts = [SSEClient(url, body(p, audio=False, max_tokens=TEXT_TOKENS)) for p in TEXT_PROMPTS]
-    for c in audio + texts:
+    # One audio stream at a time: this app's code2wav queues a single request (for the flood
+    # test above), so two opened at the same instant could meet its backpressure (a 503).
+    for c in audio:
         c.start()
-    poll(lambda: all(c.audio_events >= 1 for c in audio) and all(c.events for c in texts),
-         60, "every stream under way")
+        poll(lambda c=c: c.audio_events >= 1 or not c.is_alive(), 60, "an audio stream under way")
+    for c in texts:
+        c.start()
+    try:
+        poll(lambda: all(c.audio_events >= 1 for c in audio) and all(c.events for c in texts),
+             60, "every stream under way")
+    except AssertionError as e:
+        states = [(c.status, len(c.events), c.audio_events, c.error, c.error_body, c.exception)
+                  for c in audio + texts]
+        raise AssertionError(f"{e}: {states}; stats {stats(url)}") from None
 
     # 1) Kill the engine process (a crash, not a clean exit).
     t_kill = time.monotonic()
