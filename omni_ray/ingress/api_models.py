@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -32,7 +32,7 @@ class ImageURLPart(BaseModel):
     image_url: ImageURL
 
 
-ContentPart = Union[TextPart, InputAudioPart, ImageURLPart]
+ContentPart = Annotated[Union[TextPart, InputAudioPart, ImageURLPart], Field(discriminator="type")]
 
 
 class ChatMessage(BaseModel):

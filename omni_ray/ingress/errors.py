@@ -33,11 +33,27 @@ async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
 
 async def validation_error_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
     errs = exc.errors()
-    first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
+    # The most specific error: pydantic reports one per union branch ("content" as a str, then
+    # as a list of parts); the deepest location is the one the client got wrong.
+    first = max(errs, key=lambda e: len(e.get("loc", ())), default=None) or {
+        "loc": (), "msg": "invalid request"}
+    param = _param(first.get("loc", ())) or None
     msg = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
     return JSONResponse(APIError(400, msg, param=param).body(), status_code=400)
+
+
+def _param(loc) -> str:
+    """pydantic's error location as a field path: no "body", no union-branch labels
+    ("str", "list[tagged-union[...]]"), a discriminator tag not repeated before its field."""
+    out: list[str] = []
+    for p in loc:
+        p = str(p)
+        if p == "body" or "[" in p or p in ("str", "int", "float", "bool", "list", "dict"):
+            continue
+        if out and out[-1] == p:
+            continue
+        out.append(p)
+    return ".".join(out)
 
 
 _HTTP_TYPES = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}

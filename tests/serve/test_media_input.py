@@ -1,0 +1,158 @@
+"""Audio and image input over real HTTP: the openai client's content parts, answers equal to the
+offline pipeline's, and clear 4xx errors for malformed, oversized and unsupported media."""
+
+from __future__ import annotations
+
+import base64
+import io
+import wave
+
+import httpx
+import numpy as np
+import pytest
+from media_samples import audio_bytes, b64, data_url, image_bytes, picture, tone
+from openai import OpenAI
+from serve_helpers import wait_clean
+
+pytestmark = pytest.mark.slow
+
+MODES = ("async_chunk", "sync")
+QUESTION = "What do you hear and see?"
+WAV = audio_bytes(tone(1.5), 24000, "wav", "PCM_16")
+MP3 = audio_bytes(tone(1.5), 24000, "mp3")
+PNG = image_bytes(picture(96, 64))
+
+
+def audio_part(data: bytes, fmt: str = "wav") -> dict:
+    return {"type": "input_audio", "input_audio": {"data": b64(data), "format": fmt}}
+
+
+def image_part(data: bytes = PNG, mime: str = "image/png") -> dict:
+    return {"type": "image_url", "image_url": {"url": data_url(data, mime)}}
+
+
+def ask(url: str, parts: list[dict], stream: bool, max_tokens=10, frames=30):
+    """(text, pcm16 int16 array) from the openai client."""
+    c = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+    kw = dict(model="qwen3-omni", max_tokens=max_tokens, modalities=["text", "audio"],
+              messages=[{"role": "user", "content": parts + [{"type": "text", "text": QUESTION}]}],
+              audio={"voice": "ethan", "format": "pcm16" if stream else "wav"},
+              extra_body={"max_audio_frames": frames})
+    if not stream:
+        msg = c.chat.completions.create(**kw).choices[0].message
+        with wave.open(io.BytesIO(base64.b64decode(msg.audio.data))) as w:
+            return msg.content, np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    text, pcm = [], []
+    for ch in c.chat.completions.create(stream=True, **kw):
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        text.append(d.content or "")
+        audio = getattr(d, "audio", None) or (d.model_extra or {}).get("audio")
+        data = (audio.get("data") if isinstance(audio, dict) else getattr(audio, "data", None))
+        if data:
+            pcm.append(np.frombuffer(base64.b64decode(data), dtype="<i2"))
+    return "".join(text), np.concatenate(pcm)
+
+
+def offline_answer(omni, media: list[tuple[str, bytes, str]], max_tokens=10, frames=30):
+    """The offline pipeline on the same bytes, decoded by the same functions as the ingress."""
+    from omni_ray.audio import to_pcm16
+    from omni_ray.inputs.audio import decode_audio
+    from omni_ray.inputs.image import decode_image
+
+    parts = [{"type": "audio", "audio": decode_audio(data, fmt, max_seconds=300)} if kind == "audio"
+             else {"type": "image", "image": decode_image(data, max_pixels=1 << 24)}
+             for kind, data, fmt in media]
+    req = omni.request([{"role": "user", "content": parts + [{"type": "text", "text": QUESTION}]}],
+                       request_id="ref", speaker="ethan", max_tokens=max_tokens,
+                       max_audio_frames=frames)
+    out = omni.generate(req)[0]
+    return out.text, np.frombuffer(to_pcm16(out.audio), dtype="<i2")
+
+
+CASES = {
+    "wav": ([audio_part(WAV)], [("audio", WAV, "wav")]),
+    "mp3+png": ([audio_part(MP3, "mp3"), image_part()], [("audio", MP3, "mp3"),
+                                                         ("image", PNG, "")]),
+    "jpeg": ([image_part(image_bytes(picture(64, 96, seed=3), "JPEG"), "image/jpeg")],
+             [("image", image_bytes(picture(64, 96, seed=3), "JPEG"), "")]),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", list(CASES))
+def test_media_answers_equal_offline(serve_urls, offline, mode, case):
+    parts, media = CASES[case]
+    url = serve_urls[mode]
+    ref_text, ref_pcm = offline_answer(offline[mode], media)
+    for stream in (True, False):
+        text, pcm = ask(url, parts, stream)
+        assert text == ref_text
+        assert pcm.shape == ref_pcm.shape and np.abs(ref_pcm).max() > 1000
+        assert np.abs(pcm.astype(int) - ref_pcm.astype(int)).max() <= 1
+    assert wait_clean(url, 10) == {}
+
+
+# -- errors --------------------------------------------------------------------------------------
+def post(url: str, parts: list[dict], role: str = "user") -> httpx.Response:
+    body = {"model": "qwen3-omni", "max_tokens": 4,
+            "messages": [{"role": role, "content": parts + [{"type": "text", "text": "hi"}]}]}
+    if role != "user":
+        body["messages"].append({"role": "user", "content": "hi"})
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+
+
+def long_wav(seconds: float) -> bytes:
+    """A long clip that stays small: 8 kHz, 8-bit."""
+    return audio_bytes(np.zeros(int(seconds * 8000), np.float32), 8000, "wav", "PCM_U8")
+
+
+ERRORS = {
+    "garbage-audio": ([audio_part(b"RIFF" + bytes(100))], "content.0.input_audio.data",
+                      "invalid_audio", "cannot decode the audio as wav"),
+    "not-base64": ([{"type": "input_audio", "input_audio": {"data": "@@@@", "format": "wav"}}],
+                   "content.0.input_audio.data", "invalid_base64", "not valid base64"),
+    "mp3-declared-wav": ([audio_part(MP3, "wav")], "content.0.input_audio.format",
+                         "invalid_audio_format", "not the declared format 'wav'"),
+    "flac": ([audio_part(WAV, "flac")], "input_audio.format", None, "format"),
+    "too-long": ([audio_part(long_wav(301))], "content.0.input_audio.data", "audio_too_long",
+                 "limits.max_audio_seconds=300"),
+    "garbage-image": ([image_part(b"\x89PNG\r\n\x1a\n" + bytes(64))], "content.0.image_url.url",
+                      "invalid_image", "cannot decode the image"),
+    "text-data-url": ([image_part(b"hello", "text/plain")], "content.0.image_url.url",
+                      "invalid_image", "not an image"),
+    "huge-image": ([image_part(image_bytes(__import__("PIL.Image").Image.new("L", (4097, 4096))))],
+                   "content.0.image_url.url", "image_too_large",
+                   "over limits.max_image_pixels=16777216"),
+    "too-many": ([image_part(image_bytes(picture(8, 8)))] * 17, "messages",
+                 "too_many_media_parts", "limits.max_media_parts=16"),
+}
+
+
+@pytest.mark.parametrize("name", list(ERRORS))
+def test_bad_media_gets_a_400_naming_the_field(serve_urls, name):
+    parts, param, code, words = ERRORS[name]
+    r = post(serve_urls["async_chunk"], parts)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"].endswith(param) and words in err["message"], err
+    if code:
+        assert err["code"] == code
+
+
+def test_media_outside_user_turns_is_refused(serve_urls):
+    r = post(serve_urls["async_chunk"], [image_part()], role="system")
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "unsupported_content" and "user messages only" in err["message"]
+
+
+def test_server_survives_bad_media(serve_urls):
+    """After every refusal above, a media request still gets its answer and nothing leaks."""
+    url = serve_urls["async_chunk"]
+    for parts, *_ in ERRORS.values():
+        post(url, parts)
+    text, pcm = ask(url, [audio_part(WAV)], stream=True, max_tokens=4, frames=8)
+    assert text and pcm.size
+    assert wait_clean(url, 10) == {}
