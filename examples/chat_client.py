@@ -2,6 +2,7 @@
 
 Streams the answer, writes the audio to a WAV file, prints the text and the time to first audio.
     python examples/chat_client.py --url http://127.0.0.1:8000/v1 --out out/answer.wav
+    python examples/chat_client.py --audio-in question.wav --text "Answer the question."
 """
 
 from __future__ import annotations
@@ -25,7 +26,22 @@ def main(argv=None) -> int:
     ap.add_argument("--voice", default="chelsie")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--out", default="out/answer.wav")
+    ap.add_argument("--audio-in", help="a .wav or .mp3 file: spoken input before the text")
+    ap.add_argument("--image-in", help="a .png or .jpeg file: image input before the text")
     args = ap.parse_args(argv)
+    content: str | list = args.text
+    if args.audio_in or args.image_in:
+        content = []
+        if args.audio_in:
+            fmt = Path(args.audio_in).suffix.lower().lstrip(".")
+            content.append({"type": "input_audio", "input_audio": {
+                "data": base64.b64encode(Path(args.audio_in).read_bytes()).decode(),
+                "format": fmt}})
+        if args.image_in:
+            mime = "image/png" if args.image_in.lower().endswith(".png") else "image/jpeg"
+            data = base64.b64encode(Path(args.image_in).read_bytes()).decode()
+            content.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
+        content.append({"type": "text", "text": args.text})
 
     client = OpenAI(base_url=args.url, api_key=args.api_key)
     model = client.models.list().data[0].id
@@ -33,7 +49,7 @@ def main(argv=None) -> int:
     ttft = ttfa = None
     text, pcm = [], []
     stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": args.text}],
+        model=model, messages=[{"role": "user", "content": content}],
         modalities=["text", "audio"], audio={"voice": args.voice, "format": "pcm16"},
         max_tokens=args.max_tokens, stream=True, stream_options={"include_usage": True})
     usage = None

@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt-ids", type=_token_ids, metavar="1,2,3",
                         help="prompt token ids, chat template already applied")
     gen.add_argument("--system", help="system message (with --text only)")
+    gen.add_argument("--audio", type=Path, action="append", default=[], metavar="FILE",
+                     help="a .wav or .mp3 clip in the user message, before the text (repeatable)")
+    gen.add_argument("--image", type=Path, action="append", default=[], metavar="FILE",
+                     help="an image (png, jpeg, webp, gif, bmp) in the user message (repeatable)")
     gen.add_argument("--modalities", type=_modalities, default=MODALITIES, metavar="text[,audio]",
                      help="what to produce (default text,audio)")
     gen.add_argument("--mode", choices=("sync", "async_chunk"), default="async_chunk",
@@ -109,6 +113,14 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     wants_audio = "audio" in args.modalities
     if args.system is not None and args.text is None:
         parser.error("--system needs --text (with --prompt-ids the template is already applied)")
+    if (args.audio or args.image) and args.text is None:
+        parser.error("--audio / --image need --text (the user message they belong to)")
+    for f in args.audio + args.image:
+        if not f.is_file():
+            parser.error(f"{f}: no such file")
+    for f in args.audio:
+        if f.suffix.lower() not in (".wav", ".mp3"):
+            parser.error(f"--audio {f}: the file name must end in .wav or .mp3")
     if args.out is not None and not wants_audio:
         parser.error("--out needs audio output; drop --modalities text")
     if args.out is not None and args.out.suffix.lower() not in (".wav", ".npy"):
@@ -156,7 +168,10 @@ def _pipeline(args: argparse.Namespace) -> PipelineConfig:
 
 
 def _request(parser: argparse.ArgumentParser, args: argparse.Namespace, omni) -> OmniRequest:
-    if args.text is not None:
+    mm = None
+    if args.audio or args.image:
+        ids, mm = omni.inputs.build(_media_messages(parser, args))
+    elif args.text is not None:
         ids = omni.prompt_ids(args.text, system=args.system)
     else:
         ids = args.prompt_ids
@@ -165,11 +180,32 @@ def _request(parser: argparse.ArgumentParser, args: argparse.Namespace, omni) ->
             parser.error(f"--prompt-ids: token id {max(ids)} is outside the vocabulary ({vocab})")
     fields = dict(request_id="cli", prompt_token_ids=ids, modalities=args.modalities,
                   speaker=args.speaker, max_tokens=args.max_tokens,
-                  max_audio_frames=args.max_audio_frames)
+                  max_audio_frames=args.max_audio_frames, mm=mm)
     if args.sample:
         fields["thinker_sampling"] = SamplingParams(**THINKER_SAMPLING, seed=args.seed)
         fields["talker_sampling"] = SamplingParams(**TALKER_SAMPLING, seed=args.seed)
     return OmniRequest(**fields)
+
+
+def _media_messages(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[dict]:
+    """System + user message whose content is the audio clips, the images, then the text."""
+    from omni_ray.inputs.audio import decode_audio
+    from omni_ray.inputs.errors import InputError
+    from omni_ray.inputs.image import decode_image
+
+    parts = []
+    try:
+        for f in args.audio:
+            parts.append({"type": "audio", "audio": decode_audio(
+                f.read_bytes(), f.suffix.lower()[1:], max_seconds=float("inf"))})
+        for f in args.image:
+            parts.append({"type": "image", "image": decode_image(f.read_bytes(),
+                                                                 max_pixels=1 << 28)})
+    except InputError as e:
+        parser.error(f"{f}: {e}")
+    parts.append({"type": "text", "text": args.text})
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    return system + [{"role": "user", "content": parts}]
 
 
 def _quiet_transformers() -> None:

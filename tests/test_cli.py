@@ -108,10 +108,30 @@ def test_sample_is_seeded(omni, tiny_model_dir, tmp_path, capsys):
     assert a["text_token_ids"] != greedy.text_token_ids
 
 
+def test_generate_with_audio_and_image_input(omni, tiny_model_dir, tmp_path, capsys):
+    from media_samples import audio_bytes, image_bytes, picture, tone
+
+    from omni_ray.inputs.audio import decode_audio
+
+    clip, img = tmp_path / "q.mp3", tmp_path / "p.png"
+    clip.write_bytes(audio_bytes(tone(1.0), 24000, "mp3"))
+    img.write_bytes(image_bytes(picture()))
+    got = _json(capsys, ["generate", "--model", tiny_model_dir, "--text", "What is this?",
+                         "--audio", str(clip), "--image", str(img), "--mode", "sync",
+                         "--max-tokens", "6", "--max-audio-frames", "20", "--json"])
+    req = omni.request([{"role": "user", "content": [
+        {"type": "audio", "audio": decode_audio(clip.read_bytes(), "mp3", max_seconds=10)},
+        {"type": "image", "image": picture()}, {"type": "text", "text": "What is this?"}]}],
+        request_id="cli", max_tokens=6, max_audio_frames=20)
+    _check_summary(got, omni.generate(req)[0])
+    assert got["prompt_tokens"] == len(req.prompt_token_ids) > 20  # placeholders expanded
+
+
 def test_make_tiny_is_the_seeded_checkpoint(tiny_model_dir, tmp_path, capsys):
     assert main(["make-tiny", str(tmp_path / "tiny")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "tiny")
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "processor_config.json",
+                 "chat_template.jinja", "tokenizer_config.json"):
         assert filecmp.cmp(tmp_path / "tiny" / name, Path(tiny_model_dir) / name, shallow=False)
 
 
