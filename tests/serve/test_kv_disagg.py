@@ -276,3 +276,17 @@ def test_failure_with_error_policy_ends_the_request(kv_url, tiny_model_dir, faul
     if fault == "prefill_dies":
         wait_prefill_healthy(kv_url)
     assert wait_clean(kv_url) == {}
+
+
+def test_media_input_is_refused_with_a_400_naming_why(kv_url):
+    """Audio/image prompts are not disaggregated yet: a clear 400, not a half-served request."""
+    from media_samples import b64, audio_bytes, tone
+
+    part = {"type": "input_audio", "input_audio": {"data": b64(audio_bytes(tone(0.5))),
+                                                   "format": "wav"}}
+    r = httpx.post(f"{kv_url}/v1/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": [{"role": "user", "content": [part]}]})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "unsupported_content" and "disaggregation" in err["message"]
+    assert err["param"] == "messages.0.content.0.type"
