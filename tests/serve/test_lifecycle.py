@@ -96,7 +96,7 @@ BAD = [
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url",
                                                  "image_url": {"url": "data:,x"}}]}]},
-     400, "messages.0.content.0.type"),
+     400, "messages.0.content.0.image_url.url"),
     ({"messages": [{"role": "user", "content": "word " * 2000}]}, 400, "messages"),
     ({"max_tokens": 0}, 400, "max_tokens"),
     ({"max_tokens": 100000}, 400, "max_tokens"),
