@@ -14,7 +14,9 @@ import pytest
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--autoplay-policy=no-user-gesture-required"]
+                 "--autoplay-policy=no-user-gesture-required",
+                 # a fake microphone (a beep), granted without a prompt
+                 "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"]
 API_KEY = "playground-test-key"
 KEY_STORAGE = "omni_ray.playground.apiKey"  # as in playground.js
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -105,14 +107,68 @@ def test_streams_text_and_plays_audio(page, base_url, tmp_path):
     assert st["usage"]["completion_tokens"] > 0
     assert page.inner_text("#ttft").endswith(" ms") and page.inner_text("#ttfa").endswith(" ms")
     assert page.inner_text("#audio-duration").endswith("chunks)")
-    # The audio-input control is there, disabled, and says why.
-    assert page.is_disabled("#record")
-    assert "not supported" in page.get_attribute("#record", "title")
+    # The audio-input controls are there (127.0.0.1 is a secure context: recording allowed).
+    assert page.is_enabled("#record") and page.is_hidden("#attachment")
 
     shot = tmp_path / "playground.png"
     page.screenshot(path=str(shot), full_page=True)
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copyfile(shot, ARTIFACTS / "playground.png")
+
+
+def _open_with_key(page, base_url):
+    page.add_init_script(f"localStorage.setItem({KEY_STORAGE!r}, {API_KEY!r})")
+    page.goto(f"{base_url}/playground")
+    page.wait_for_function("() => window.__playground.model !== null")
+    page.check("input[name=modalities][value=both]")
+    page.fill("#max-tokens", "8")
+
+
+def _answered(page) -> dict:
+    page.wait_for_function("() => /^(done|error)/.test(window.__playground.status)",
+                           timeout=300_000)
+    st = _state(page)
+    assert st["status"].startswith("done") and st["error"] is None, st
+    assert st["text"] and st["audioSeconds"] > 0
+    return st
+
+
+def test_uploaded_audio_is_sent_as_input_audio(page, base_url, tmp_path):
+    import base64
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from media_samples import audio_bytes, tone
+
+    clip = tmp_path / "question.wav"
+    clip.write_bytes(audio_bytes(tone(1.2), 24000, "wav", "PCM_16"))
+    _open_with_key(page, base_url)
+    page.set_input_files("#audio-file", str(clip))
+    page.wait_for_function("() => window.__playground.attachment !== null")
+    assert page.inner_text("#attachment-label").startswith("🎤 question.wav (1.2 s, wav)")
+    body = _send(page, "What did I say?")
+    assert body["messages"][-1] == {"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(clip.read_bytes()).decode(),
+                                                "format": "wav"}},
+        {"type": "text", "text": "What did I say?"}]}
+    assert page.is_hidden("#attachment")  # sent with this message only
+    st = _answered(page)
+    assert st["usage"]["prompt_tokens"] > 15 + 10  # 1.2 s of audio: 13 placeholder tokens / s
+
+
+def test_microphone_recording_is_sent_as_wav(page, base_url):
+    _open_with_key(page, base_url)
+    page.click("#record")
+    page.wait_for_function("() => window.__playground.recording")
+    page.wait_for_timeout(1500)
+    page.click("#record")
+    page.wait_for_function("() => window.__playground.attachment !== null", timeout=30_000)
+    assert _state(page)["attachment"]["seconds"] > 0.5
+    with page.expect_request("**/v1/chat/completions") as req:
+        page.click("#send")  # no text: the recording alone is the question
+    (part,) = req.value.post_data_json["messages"][-1]["content"]
+    assert part["type"] == "input_audio" and part["input_audio"]["format"] == "wav"
+    _answered(page)
 
 
 def test_routes_serve_the_files_and_nothing_else(base_url):

@@ -17,8 +17,11 @@
     text: "", transcript: "", finishReason: null, usage: null,
     firstTokenMs: null, firstAudioMs: null, doneMs: null,
     audioChunksScheduled: 0, audioSeconds: 0, playbackStarted: false,
+    attachment: null, recording: false,
   });
   const history = []; // this conversation, as OpenAI messages
+  let attached = null; // spoken input for the next message: {data (base64), format, seconds}
+  let recorder = null; // MediaRecorder while recording
   let player = null; // {ctx, nextTime, sources}
   let controller = null; // AbortController of the request in flight
 
@@ -190,6 +193,81 @@
     $("stop").disabled = !busy;
   }
 
+  // -- spoken input: microphone or file, sent as an input_audio content part --------------------
+  function b64(bytes) {
+    let bin = "";
+    for (let i = 0; i < bytes.length; i += 0x8000) bin += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+    return btoa(bin);
+  }
+
+  // Mono PCM16 WAV of an AudioBuffer (the server resamples to what the model reads).
+  function wavBytes(buffer) {
+    const n = buffer.length, rate = buffer.sampleRate, ch = buffer.numberOfChannels;
+    const out = new DataView(new ArrayBuffer(44 + 2 * n));
+    const text = (o, t) => { for (let i = 0; i < t.length; i++) out.setUint8(o + i, t.charCodeAt(i)); };
+    text(0, "RIFF"); out.setUint32(4, 36 + 2 * n, true); text(8, "WAVE"); text(12, "fmt ");
+    out.setUint32(16, 16, true); out.setUint16(20, 1, true); out.setUint16(22, 1, true);
+    out.setUint32(24, rate, true); out.setUint32(28, 2 * rate, true); out.setUint16(32, 2, true);
+    out.setUint16(34, 16, true); text(36, "data"); out.setUint32(40, 2 * n, true);
+    const chans = Array.from({ length: ch }, (_, c) => buffer.getChannelData(c));
+    for (let i = 0; i < n; i++) {
+      let v = 0;
+      for (const d of chans) v += d[i];
+      v = Math.max(-1, Math.min(1, v / ch));
+      out.setInt16(44 + 2 * i, v < 0 ? v * 0x8000 : v * 0x7fff, true);
+    }
+    return new Uint8Array(out.buffer);
+  }
+
+  async function decodeToWav(arrayBuffer) {
+    const ctx = new (window.OfflineAudioContext || window.webkitOfflineAudioContext)(1, 1, 44100);
+    const buffer = await ctx.decodeAudioData(arrayBuffer);
+    return { bytes: wavBytes(buffer), seconds: buffer.duration };
+  }
+
+  function attach(audio) {
+    attached = audio;
+    state.attachment = audio ? { format: audio.format, seconds: audio.seconds } : null;
+    $("attachment").hidden = !audio;
+    $("attachment-label").textContent = audio
+      ? `🎤 ${audio.label} (${audio.seconds.toFixed(1)} s, ${audio.format})` : "";
+  }
+
+  async function attachFile(file) {
+    const raw = await file.arrayBuffer();
+    const name = file.name.toLowerCase();
+    const format = name.endsWith(".mp3") || file.type === "audio/mpeg" ? "mp3"
+      : name.endsWith(".wav") || file.type.includes("wav") ? "wav" : null;
+    const decoded = await decodeToWav(raw.slice(0)); // duration, and a wav for other formats
+    if (format) attach({ data: b64(new Uint8Array(raw)), format, seconds: decoded.seconds, label: file.name });
+    else attach({ data: b64(decoded.bytes), format: "wav", seconds: decoded.seconds, label: file.name });
+  }
+
+  async function toggleRecording() {
+    if (recorder) { recorder.stop(); return; }
+    const stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+    const pieces = [];
+    recorder = new MediaRecorder(stream);
+    recorder.ondataavailable = (e) => { if (e.data.size) pieces.push(e.data); };
+    recorder.onstop = async () => {
+      stream.getTracks().forEach((t) => t.stop());
+      recorder = null;
+      $("record").textContent = "Record";
+      $("record").classList.remove("recording");
+      state.recording = false;
+      try {
+        const { bytes, seconds } = await decodeToWav(await new Blob(pieces).arrayBuffer());
+        attach({ data: b64(bytes), format: "wav", seconds, label: "recording" });
+      } catch (e) {
+        showError(`could not read the recording: ${e.message || e}`);
+      }
+    };
+    recorder.start();
+    state.recording = true;
+    $("record").textContent = "Stop recording";
+    $("record").classList.add("recording");
+  }
+
   // -- one request -----------------------------------------------------------------------------
   async function send(message) {
     const modalities = MODALITIES[document.querySelector("input[name=modalities]:checked").value];
@@ -203,8 +281,14 @@
       playbackStarted: false,
     });
     render();
-    history.push({ role: "user", content: message });
-    bubble("user", message);
+    const audio = attached;
+    attach(null);
+    const content = audio
+      ? [{ type: "input_audio", input_audio: { data: audio.data, format: audio.format } },
+         ...(message ? [{ type: "text", text: message }] : [])]
+      : message;
+    history.push({ role: "user", content });
+    bubble("user", audio ? `🎤 ${audio.label} (${audio.seconds.toFixed(1)} s)${message ? " " + message : ""}` : message);
     const out = bubble("assistant", "");
     const t0 = performance.now();
     const since = () => Math.round(performance.now() - t0);
@@ -289,7 +373,7 @@
     $("composer").addEventListener("submit", (e) => {
       e.preventDefault();
       const text = $("message").value.trim();
-      if (!text || controller) return;
+      if ((!text && !attached) || controller) return;
       $("message").value = "";
       send(text);
     });
@@ -297,10 +381,26 @@
       if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("composer").requestSubmit();
     });
     $("stop").addEventListener("click", () => { if (controller) controller.abort(); stopAudio(); });
+    $("audio-file").addEventListener("change", (e) => {
+      const file = e.target.files[0];
+      e.target.value = "";
+      if (file) attachFile(file).catch((err) => showError(`could not read ${file.name}: ${err.message || err}`));
+    });
+    $("detach").addEventListener("click", () => attach(null));
+    if (navigator.mediaDevices && window.MediaRecorder) {
+      $("record").addEventListener("click", () => {
+        clearError();
+        toggleRecording().catch((e) => showError(`microphone: ${e.message || e}`));
+      });
+    } else {
+      $("record").disabled = true;
+      $("record").title = "Recording needs a secure page (https or localhost) and MediaRecorder";
+    }
     $("clear").addEventListener("click", () => {
       if (controller) controller.abort();
       stopAudio();
       history.length = 0;
+      attach(null);
       $("log").replaceChildren();
       clearError();
     });
