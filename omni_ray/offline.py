@@ -111,7 +111,7 @@ class Omni:
         """An ``OmniRequest`` for chat ``messages`` whose content may hold audio and image parts
         (``{"type": "audio", "audio": float32 16 kHz numpy}``, ``{"type": "image", "image": PIL
         image}``, see ``omni_ray.inputs``); ``fields`` set the rest (speaker, max_tokens, ...)."""
-        ids, mm = self.inputs.build(messages)
+        ids, mm = self.inputs.build(messages, raw_media=getattr(self.thinker, "needs_raw_media", False))
         return OmniRequest(request_id=request_id, prompt_token_ids=ids, mm=mm, **fields)
 
     def generate(self, requests: OmniRequest | list[OmniRequest]) -> list[OmniOutput]:

@@ -278,8 +278,6 @@ class OmniIngress:
 
     def _media_unsupported(self) -> str | None:
         """Why this deployment cannot take audio / image input, or None."""
-        if self.args.thinker.backend != "transformers":
-            return f"thinker backend {self.args.thinker.backend!r}"
         if self.args.disaggregated:
             return "thinker prefill/decode disaggregation"
         if not self.inputs.supports_media:
@@ -311,7 +309,7 @@ class OmniIngress:
                 raise bad_request(f"{p['param']}.{e.field}: {e.message}",
                                   f"{p['param']}.{e.field}", code=e.code) from None
         try:
-            return self.inputs.build(messages)
+            return self.inputs.build(messages, raw_media=self.args.thinker.backend == "vllm")
         except ValueError as e:  # the processor refused the media (e.g. an extreme aspect ratio)
             if not media_parts:
                 raise

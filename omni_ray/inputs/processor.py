@@ -38,9 +38,13 @@ class InputProcessor:
                                                                 local_files_only=True)
             return self._processor
 
-    def build(self, messages: list[dict]) -> tuple[list[int], MultiModalInputs | None]:
+    def build(self, messages: list[dict], *, raw_media: bool = False,
+              ) -> tuple[list[int], MultiModalInputs | None]:
         """``messages`` as ``chat_prompt`` takes them; audio parts carry ``"audio"`` (float32
-        16 kHz mono numpy), image parts ``"image"`` (an RGB PIL image)."""
+        16 kHz mono numpy), image parts ``"image"`` (an RGB PIL image).
+
+        ``raw_media``: for a thinker that runs its own processor (vLLM): the inputs carry the
+        decoded media and the layout, not the encoder features."""
         audios, images = [], []
         for m in messages:
             if isinstance(m["content"], str):
@@ -57,11 +61,18 @@ class InputProcessor:
                              "(processor_config.json): audio and image input are unavailable")
         out = self.processor()(text=chat_prompt(messages), audio=audios or None,
                                images=images or None, return_tensors="pt")
-        mm = MultiModalInputs(
-            input_features=out.get("input_features"),
-            feature_attention_mask=(out["feature_attention_mask"].long()
-                                    if "feature_attention_mask" in out else None),
-            pixel_values=out.get("pixel_values"),
-            image_grid_thw=out["image_grid_thw"].long() if "image_grid_thw" in out else None)
+        mask = out["feature_attention_mask"].long() if "feature_attention_mask" in out else None
+        grid = out["image_grid_thw"].long() if "image_grid_thw" in out else None
+        if raw_media:
+            import numpy as np
+
+            mm = MultiModalInputs(
+                feature_attention_mask=mask, image_grid_thw=grid,
+                raw_audio=[np.ascontiguousarray(a, dtype=np.float32) for a in audios] or None,
+                raw_images=[np.asarray(im.convert("RGB"), dtype=np.uint8) for im in images] or None)
+        else:
+            mm = MultiModalInputs(input_features=out.get("input_features"),
+                                  feature_attention_mask=mask,
+                                  pixel_values=out.get("pixel_values"), image_grid_thw=grid)
         mm.validate()
         return out["input_ids"][0].tolist(), mm

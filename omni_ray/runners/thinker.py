@@ -73,6 +73,8 @@ class _Seq:
 class ThinkerRunner:
     """Step loop that owns the thinker module."""
 
+    needs_raw_media = False  # media requests bring the processor's encoder inputs
+
     def __init__(self, thinker, *, eos_token_ids: list[int], max_num_seqs: int = 64,
                  device: str = "cpu", accept_hidden_layer: int | None = None):
         self.model = thinker

@@ -15,6 +15,12 @@ An in-process engine changes process-wide state (seen with vLLM 0.26 on CPU): it
 RNGs (``EngineArgs.seed``, 0), calls ``gc.freeze()`` until ``shutdown()``, and its CPU worker
 replaces ``torch.set_num_threads`` with a no-op; choose the thread count before starting it.
 
+Audio / image prompts: vLLM runs the checkpoint's processor and the thinker's encoders itself, so
+a request brings the decoded media (``MultiModalInputs.raw_audio`` / ``raw_images``) and the
+prompt with its placeholders expanded by our processor; the runner collapses each placeholder run
+to one token for vLLM and checks that vLLM's expansion gives the same prompt. The accept-layer
+hidden states the talker needs come from a forward hook (``runners/vllm_hidden.py``).
+
 Sampling differences from the transformers runner: vLLM's repetition penalty also covers prompt
 tokens (ours covers generated tokens only), and seeded sampling draws from vLLM's generators, so
 only greedy decoding gives the same tokens on both backends.
@@ -28,8 +34,8 @@ import os
 from pathlib import Path
 
 from omni_ray.config.sampling import SamplingParams
-from omni_ray.payload import FinishReason
-from omni_ray.runners.thinker import ThinkerStepOutput
+from omni_ray.payload import FinishReason, MultiModalInputs
+from omni_ray.runners.thinker import MMContext, ThinkerStepOutput
 
 IM_END_TOKEN_ID = 151645  # <|im_end|>: the thinker's end of turn when config.json does not say
 
@@ -44,16 +50,22 @@ _FINISH_REASONS = {
 class VllmThinkerRunner:
     """Step loop over an in-process vLLM engine serving the thinker."""
 
+    needs_raw_media = True  # vLLM runs the processor itself: media requests bring decoded media
+
     def __init__(self, model_dir: str | os.PathLike, *, dtype: str = "float32",
                  max_num_seqs: int = 64, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.5, enforce_eager: bool = False,
                  eos_token_ids: list[int] | None = None, multiprocessing: bool = False,
+                 accept_hidden_layer: int | None = None, media_per_prompt: int = 4,
                  engine_kwargs: dict | None = None):
         """Start the engine (loads and warms up the model: seconds to a minute on CPU).
 
         ``gpu_memory_utilization`` is vLLM's (on CPU: the fraction of host memory reserved, unless
         ``engine_kwargs`` sets ``kv_cache_memory_bytes``); the default leaves room for the talker
-        and code2wav on the same device. ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged
+        and code2wav on the same device. ``media_per_prompt``: audio clips and images a prompt
+        may hold (vLLM's ``limit_mm_per_prompt``; 0: text only, no encoder profiling).
+        ``accept_hidden_layer`` (default: the checkpoint's talker's): capture the talker's hidden
+        states for media prompts (needs the engine in this process and eager execution). ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged
         and override the arguments above. ``eos_token_ids`` default to the checkpoint's
         ``im_end_token_id``.
         """
@@ -69,10 +81,11 @@ class VllmThinkerRunner:
             model=str(self.model_dir), dtype=dtype, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
-            # We send token ids and read token ids: no tokenizer, no detokenizer.
-            skip_tokenizer_init=True,
-            # Text-only prompts: no encoder profiling or cache for audio / images / video.
-            limit_mm_per_prompt={"image": 0, "video": 0, "audio": 0},
+            # We send token ids and read token ids; vLLM's processor needs the tokenizer only
+            # for media prompts.
+            skip_tokenizer_init=media_per_prompt == 0,
+            limit_mm_per_prompt={"image": media_per_prompt, "video": 0,
+                                 "audio": media_per_prompt},
             disable_log_stats=True,
         )
         args.update(engine_kwargs or {})
@@ -80,10 +93,24 @@ class VllmThinkerRunner:
         with _no_torch_compile_on_cpu(args["enforce_eager"]):
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
         self._prompt_lens: dict[str, int] = {}  # running request id -> prompt length
+        self._mm: dict[str, tuple[list[int], MultiModalInputs]] = {}  # until the first output
+        self.media = args["limit_mm_per_prompt"].get("audio", 0) > 0 or \
+            args["limit_mm_per_prompt"].get("image", 0) > 0
+        config = json.loads((self.model_dir / "config.json").read_text())
+        th = config["thinker_config"]
+        self._mm_ids = {th["audio_token_id"], th["image_token_id"], th["video_token_id"]}
+        if accept_hidden_layer is None:  # the checkpoint's talker's, if it has a talker
+            accept_hidden_layer = config.get("talker_config", {}).get("accept_hidden_layer")
+        self._capture = None
+        if self.media and accept_hidden_layer and not multiprocessing:
+            from omni_ray.runners.vllm_hidden import MMHiddenCapture
+
+            self._capture = MMHiddenCapture(self.engine, accept_hidden_layer)
 
     # -- request lifecycle -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    max_tokens: int, stop_token_ids: list[int] | None = None) -> None:
+                    max_tokens: int, stop_token_ids: list[int] | None = None,
+                    mm: MultiModalInputs | None = None) -> None:
         from vllm.inputs import TokensPrompt
 
         if request_id in self._prompt_lens:
@@ -93,11 +120,49 @@ class VllmThinkerRunner:
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         stop = sorted(self.eos_token_ids | frozenset(stop_token_ids or ()))
-        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)),
-                                _vllm_sampling_params(params, max_tokens, stop))
+        sampling = _vllm_sampling_params(params, max_tokens, stop)
+        if mm is None:
+            prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+        else:
+            prompt = self._media_prompt(request_id, prompt_ids, mm)
+            sampling.skip_reading_prefix_cache = True  # every prompt row must run (the hook)
+        try:
+            self.engine.add_request(request_id, prompt, sampling)
+        except BaseException:
+            self._forget(request_id)
+            raise
         self._prompt_lens[request_id] = len(prompt_ids)
 
+    def _media_prompt(self, request_id: str, prompt_ids: list[int], mm: MultiModalInputs):
+        """vLLM's prompt for a media request: one placeholder token per clip / image (vLLM
+        expands them itself) and the decoded media."""
+        from PIL import Image
+        from vllm.inputs import TokensPrompt
+
+        if not self.media:
+            raise ValueError("audio/image input is off for this vLLM thinker (media_per_prompt=0)")
+        if mm.raw_audio is None and mm.num_audios or mm.raw_images is None and mm.num_images:
+            raise ValueError("a vLLM thinker needs the decoded media (raw_audio / raw_images)")
+        collapsed = [t for i, t in enumerate(prompt_ids)
+                     if not (t in self._mm_ids and i > 0 and prompt_ids[i - 1] == t)]
+        data = {}
+        if mm.raw_audio:
+            data["audio"] = [(a, 16000) for a in mm.raw_audio]
+        if mm.raw_images:
+            data["image"] = [Image.fromarray(im) for im in mm.raw_images]
+        self._mm[request_id] = (list(prompt_ids), mm)
+        if self._capture is not None:
+            self._capture.register(request_id, [i for i, t in enumerate(prompt_ids)
+                                                if t in self._mm_ids])
+        return TokensPrompt(prompt_token_ids=collapsed, multi_modal_data=data)
+
+    def _forget(self, request_id: str) -> None:
+        self._mm.pop(request_id, None)
+        if self._capture is not None:
+            self._capture.forget(request_id)
+
     def abort(self, request_id: str) -> bool:
+        self._forget(request_id)
         if self._prompt_lens.pop(request_id, None) is None:
             return False
         self.engine.abort_request([request_id])
@@ -122,20 +187,44 @@ class VllmThinkerRunner:
             if num_prompt is None:  # aborted meanwhile
                 continue
             completion = out.outputs[0]
-            # 2) Map vLLM's finish reason; a finished request leaves our table.
+            # 2) A media request's first output: vLLM's prompt must be ours; hand out the
+            #    hidden states the talker needs.
+            mm_ctx = None
+            if out.request_id in self._mm:
+                try:
+                    mm_ctx = self._mm_context(out)
+                except Exception as e:  # this request only
+                    self.abort(out.request_id)
+                    outputs.append(ThinkerStepOutput(out.request_id, [], True, FinishReason.ERROR,
+                                                     num_prompt, f"{type(e).__name__}: {e}"))
+                    continue
+            # 3) Map vLLM's finish reason; a finished request leaves our table.
             reason = FinishReason.NONE
             if out.finished:
                 reason = _FINISH_REASONS.get(completion.finish_reason, FinishReason.ERROR)
                 del self._prompt_lens[out.request_id]
             outputs.append(ThinkerStepOutput(out.request_id, list(completion.token_ids),
-                                             out.finished, reason, num_prompt))
+                                             out.finished, reason, num_prompt, mm=mm_ctx))
         return outputs
+
+    def _mm_context(self, out) -> MMContext | None:
+        ids, mm = self._mm.pop(out.request_id)
+        if list(out.prompt_token_ids or []) != ids:
+            raise ValueError("vLLM expanded the media placeholders differently from the "
+                             "checkpoint's processor")
+        if self._capture is None:
+            return None
+        return MMContext(self._capture.take(out.request_id), mm.image_grid_thw,
+                         mm.audio_feature_lengths())
 
     def shutdown(self) -> None:
         """Abort what is left and stop the engine core (frees its memory and processes)."""
         if self._prompt_lens:
             self.engine.abort_request(list(self._prompt_lens))
             self._prompt_lens.clear()
+        if self._capture is not None:
+            self._capture.close()
+        self._mm.clear()
         self.engine.engine_core.shutdown()
 
 

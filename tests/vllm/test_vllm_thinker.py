@@ -179,3 +179,85 @@ def test_offline_pipeline_matches_transformers_backend(vllm_omni, tiny_model_dir
         assert peak > 0
         assert (g.audio - w.audio).abs().max().item() <= 1e-5 * peak
     assert not vllm_omni.thinker.has_unfinished()
+
+
+# -- audio / image prompts: vLLM's own processor and encoders, hidden states by the hook -----
+def _media_messages(kind: str, seed: int = 0) -> list[dict]:
+    from media_samples import audio_bytes, picture, tone
+
+    from omni_ray.inputs.audio import decode_audio
+
+    parts = []
+    if kind in ("audio", "both"):
+        parts.append({"type": "audio", "audio": decode_audio(audio_bytes(tone(1.5)), "wav",
+                                                             max_seconds=10)})
+    if kind in ("image", "both"):
+        parts.append({"type": "image", "image": picture(96, 64, seed=seed)})
+    return [{"role": "user", "content": parts + [{"type": "text", "text": "What?"}]}]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async_chunk"])
+@pytest.mark.parametrize("kind", ["audio", "both"])
+def test_media_prompt_pipeline_matches_transformers_backend(vllm_omni, tiny_model_dir, kind,
+                                                            mode):
+    """Same text tokens, codec frames and waveform as the transformers thinker: the hook's
+    hidden states reach the talker (the frames depend on them, tests/test_mm_oracle.py)."""
+    from omni_ray.offline import Omni
+
+    mixed = vllm_omni if mode == "sync" else Omni(tiny_model_dir, mode=mode,
+                                                   thinker_runner=vllm_omni.thinker)
+    reference = Omni(tiny_model_dir, mode=mode)
+    msgs = _media_messages(kind)
+    req = mixed.request(msgs, request_id=f"v-{kind}", max_tokens=10, max_audio_frames=30)
+    assert req.mm.raw_audio is not None and req.mm.input_features is None  # vLLM processes
+    (got,) = mixed.generate(req)
+    (want,) = reference.generate(reference.request(msgs, request_id="t", max_tokens=10,
+                                                   max_audio_frames=30))
+    assert got.finish_reason != FinishReason.ERROR
+    assert got.text_token_ids == want.text_token_ids
+    assert torch.equal(got.codec_frames, want.codec_frames) and got.codec_frames.shape[0] > 0
+    assert got.audio.shape == want.audio.shape
+    assert (got.audio - want.audio).abs().max() <= 1e-5 * want.audio.abs().max()
+    assert not vllm_omni.thinker.has_unfinished()
+
+
+def test_image_prompt_tokens_differ_only_at_a_near_tie(vllm_omni, tiny_model_dir):
+    """vLLM's vision encoder is not bitwise transformers': with random tiny weights the greedy
+    tokens of an image prompt may part where the reference's top two logits nearly tie."""
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    from omni_ray.inputs.processor import InputProcessor
+
+    msgs = _media_messages("image")
+    proc = InputProcessor(tiny_model_dir)
+    ids, mm = proc.build(msgs)
+    _, raw = proc.build(msgs, raw_media=True)
+    runner = vllm_omni.thinker
+    runner.add_request("img", ids, GREEDY, 10, mm=raw)
+    got = []
+    while runner.has_unfinished():
+        for out in runner.step():
+            assert out.error is None
+            got += out.new_token_ids
+    thinker = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        tiny_model_dir, local_files_only=True, dtype=torch.float32).thinker.eval()
+    for k in range(len(got)):  # teacher-forced on vLLM's tokens
+        x = torch.tensor([ids + got[:k]])
+        rope, _ = thinker.get_rope_index(x, mm.image_grid_thw, None, torch.ones_like(x), False,
+                                         None)
+        pos = torch.cat([torch.arange(x.shape[1]).view(1, 1, -1), rope])
+        with torch.inference_mode():
+            logits = thinker(input_ids=x, position_ids=pos, **mm.model_kwargs("cpu")).logits[0, -1]
+        top = logits.topk(2)
+        if int(top.indices[0]) != got[k]:
+            assert got[k] == int(top.indices[1]), (k, got[k], top)
+            assert float(top.values[0] - top.values[1]) < 0.05 * float(logits.std()), (k, top)
+
+
+def test_media_request_errors_stay_with_the_request(vllm_runner, tiny_model_dir):
+    from omni_ray.inputs.processor import InputProcessor
+
+    ids, features_only = InputProcessor(tiny_model_dir).build(_media_messages("audio"))
+    with pytest.raises(ValueError, match="needs the decoded media"):
+        vllm_runner.add_request("no-raw", ids, GREEDY, 4, mm=features_only)
+    assert not vllm_runner.has_unfinished()
