@@ -102,10 +102,17 @@ class VllmThinkerRunner:
         if accept_hidden_layer is None:  # the checkpoint's talker's, if it has a talker
             accept_hidden_layer = config.get("talker_config", {}).get("accept_hidden_layer")
         self._capture = None
-        if self.media and accept_hidden_layer and not multiprocessing:
-            from omni_ray.runners.vllm_hidden import MMHiddenCapture
+        self._no_capture = None  # why media prompts cannot get the talker's hidden states
+        if self.media and accept_hidden_layer:
+            if multiprocessing:
+                self._no_capture = "the vLLM engine core runs in another process"
+            elif not args["enforce_eager"]:
+                self._no_capture = ("the vLLM thinker is compiled; set engine_kwargs.enforce_eager"
+                                    ": true (the hidden-state hook runs in Python)")
+            else:
+                from omni_ray.runners.vllm_hidden import MMHiddenCapture
 
-            self._capture = MMHiddenCapture(self.engine, accept_hidden_layer)
+                self._capture = MMHiddenCapture(self.engine, accept_hidden_layer)
 
     # -- request lifecycle -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
@@ -141,6 +148,8 @@ class VllmThinkerRunner:
 
         if not self.media:
             raise ValueError("audio/image input is off for this vLLM thinker (media_per_prompt=0)")
+        if self._no_capture:
+            raise ValueError(f"audio/image input is unavailable: {self._no_capture}")
         if mm.raw_audio is None and mm.num_audios or mm.raw_images is None and mm.num_images:
             raise ValueError("a vLLM thinker needs the decoded media (raw_audio / raw_images)")
         collapsed = [t for i, t in enumerate(prompt_ids)

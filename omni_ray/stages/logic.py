@@ -248,17 +248,11 @@ def build_stage_logic(stage: str, model_dir: str, stage_cfg, pipeline: PipelineC
 
     dtype = getattr(torch, stage_cfg.dtype)
     if stage == "thinker":
+        engine_kwargs = None
         if stage_cfg.backend == "vllm":
-            from omni_ray.runners.vllm_thinker import VllmThinkerRunner
-
-            kwargs = dict(stage_cfg.engine_kwargs)
-            runner = VllmThinkerRunner(model_dir, dtype=stage_cfg.dtype,
-                                       max_num_seqs=stage_cfg.max_num_seqs,
-                                       max_model_len=kwargs.pop("max_model_len", max_model_len),
-                                       engine_kwargs=kwargs)
-        else:
-            runner = make_thinker_runner("transformers", model_dir, stage_cfg.device, dtype,
-                                         stage_cfg.max_num_seqs)
+            engine_kwargs = {"max_model_len": max_model_len, **stage_cfg.engine_kwargs}
+        runner = make_thinker_runner(stage_cfg.backend, model_dir, stage_cfg.device, dtype,
+                                     stage_cfg.max_num_seqs, engine_kwargs)
         return ThinkerLogic(runner, pipeline)
     if stage == "talker":
         m = load_stage(model_dir, "talker", stage_cfg.device, dtype)

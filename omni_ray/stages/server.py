@@ -46,6 +46,7 @@ class StageServer:
             self.stage, model_dir, cfg, args.pipeline, args.max_model_len, **engine_kwargs)
         self._ready = self.engine.ready.remote()
         self._engine_died: str | None = None  # set once the engine actor is gone for good
+        self._engine_started = False  # the engine answered ready once
 
     @classmethod
     def stage_config(cls, args: OmniServingArgs):
@@ -90,9 +91,16 @@ class StageServer:
         return await self.engine.stats.remote()
 
     async def check_health(self) -> None:
-        """Fails once the engine actor is dead (or its loop died): Serve replaces the replica."""
+        """Fails once the engine actor is dead (or its loop died): Serve replaces the replica.
+
+        Serve's first check (part of the replica's start) waits for the engine to load, however
+        long that takes (a vLLM engine: a minute or more); later ones allow 30 s."""
         if self._engine_died is not None:
             raise RuntimeError(f"{self.stage} engine died ({self._engine_died})")
+        if not self._engine_started:
+            await self._ready  # raises if the engine failed to load
+            self._engine_started = True
+            return
         await asyncio.wait_for(self.engine.ready.remote(), timeout=30)
 
 

@@ -261,3 +261,17 @@ def test_media_request_errors_stay_with_the_request(vllm_runner, tiny_model_dir)
     with pytest.raises(ValueError, match="needs the decoded media"):
         vllm_runner.add_request("no-raw", ids, GREEDY, 4, mm=features_only)
     assert not vllm_runner.has_unfinished()
+
+
+def test_compiled_engine_refuses_media_naming_why(tiny_model_dir):
+    """The hook cannot run inside a compiled model: media prompts get a clear error there (a 400
+    at the ingress) instead of a talker without its hidden states. Built without starting a
+    second engine: the check is on the runner's own state."""
+    from omni_ray.runners.vllm_thinker import VllmThinkerRunner
+
+    runner = VllmThinkerRunner.__new__(VllmThinkerRunner)
+    runner.media, runner._capture, runner._mm = True, None, {}
+    runner._no_capture = "the vLLM thinker is compiled; set engine_kwargs.enforce_eager: true"
+    runner._mm_ids = {151675, 151655, 151656}
+    with pytest.raises(ValueError, match="enforce_eager"):
+        runner._media_prompt("r", [1, 151675, 151675, 2], None)

@@ -1,0 +1,55 @@
+"""The Serve app with the thinker on vLLM (CPU, float32): text and spoken input over HTTP give the
+transformers backend's answers (the deployment path of tests/vllm)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import httpx
+import numpy as np
+import pytest
+from serve_helpers import app_args, wait_clean
+from test_media_input import CASES, ask, offline_answer
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
+]
+APP, PREFIX = "omni-vllm", "/vllm"
+ENGINE_KWARGS = {"max_model_len": 2048, "max_num_batched_tokens": 512, "max_num_seqs": 8,
+                 "kv_cache_memory_bytes": 128 << 20}
+
+
+@pytest.fixture(scope="module")
+def vllm_url(serve_base_url, tiny_model_dir):
+    from ray import serve
+
+    from omni_ray import build_omni_app
+
+    args = app_args(tiny_model_dir, "async_chunk",
+                    thinker={"backend": "vllm", "engine_kwargs": ENGINE_KWARGS})
+    serve.run(build_omni_app(args), name=APP, route_prefix=PREFIX)
+    yield f"{serve_base_url}{PREFIX}"
+    serve.delete(APP)
+
+
+@pytest.mark.parametrize("case", ["wav", "mp3+png"])
+def test_spoken_input_answers_equal_the_transformers_pipeline(vllm_url, offline, case):
+    parts, media = CASES[case]
+    ref_text, ref_pcm = offline_answer(offline["async_chunk"], media)
+    text, pcm = ask(vllm_url, parts, stream=True)
+    assert text == ref_text
+    assert pcm.shape == ref_pcm.shape
+    assert np.abs(pcm.astype(int) - ref_pcm.astype(int)).max() <= 1
+    assert wait_clean(vllm_url, 10) == {}
+
+
+def test_text_answer_equals_the_transformers_app(vllm_url, serve_urls):
+    body = {"model": "qwen3-omni", "max_tokens": 12, "modalities": ["text"],
+            "messages": [{"role": "user", "content": "Tell me about the sea."}]}
+    got = httpx.post(f"{vllm_url}/v1/chat/completions", json=body, timeout=120).json()
+    want = httpx.post(f"{serve_urls['async_chunk']}/v1/chat/completions", json=body,
+                      timeout=120).json()
+    assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    assert got["usage"] == want["usage"]
