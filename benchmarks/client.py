@@ -14,9 +14,18 @@ from benchmarks.metrics import RequestRecord, parse_sse_line
 
 
 def chat_body(prompt: str, *, model: str, max_tokens: int, max_audio_frames: int | None,
-              modalities: list[str], voice: str = "ethan") -> dict:
-    """A streaming ``/v1/chat/completions`` body asking for usage in the last chunk."""
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+              modalities: list[str], voice: str = "ethan", audio_input: bytes | None = None,
+              ) -> dict:
+    """A streaming ``/v1/chat/completions`` body asking for usage in the last chunk;
+    ``audio_input`` (wav bytes) goes before the text as an ``input_audio`` part."""
+    content: str | list = prompt
+    if audio_input is not None:
+        import base64
+
+        content = [{"type": "input_audio", "input_audio": {
+            "data": base64.b64encode(audio_input).decode(), "format": "wav"}},
+            {"type": "text", "text": prompt}]
+    body = {"model": model, "messages": [{"role": "user", "content": content}],
             "modalities": list(modalities), "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
     if "audio" in modalities:
@@ -58,3 +67,21 @@ def make_client(concurrency: int, timeout_s: float = 600.0) -> httpx.AsyncClient
     limits = httpx.Limits(max_connections=max(concurrency, 1) + 4,
                           max_keepalive_connections=max(concurrency, 1) + 4)
     return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0), limits=limits)
+
+
+def spoken_question(seconds: float, rate: int = 16000) -> bytes:
+    """A deterministic ``seconds``-long PCM16 wav (a warbling tone): the benchmarks' speech in."""
+    import io
+    import wave
+
+    import numpy as np
+
+    t = np.arange(int(seconds * rate)) / rate
+    x = 0.3 * np.sin(2 * np.pi * 220 * t * (1 + 0.1 * np.sin(2 * np.pi * 2 * t)))
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((x * 32767).astype("<i2").tobytes())
+    return buf.getvalue()

@@ -28,7 +28,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make ``benchmarks`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.client import chat_body, make_client, served_model, stream_chat
+from benchmarks.client import chat_body, make_client, served_model, spoken_question, stream_chat
 from benchmarks.machine import RESULTS_DIR, machine_info, write_json
 from benchmarks.metrics import RequestRecord, summarize
 
@@ -107,10 +107,12 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
         model = args.model_id or await served_model(client, url)
         max_tokens = args.output_len if args.prompts == "random" else args.max_tokens
 
+        speech = spoken_question(args.audio_input_seconds) if args.audio_input_seconds else None
+
         def bodies(n, seed):
             return [chat_body(p, model=model, max_tokens=max_tokens,
                               max_audio_frames=args.max_audio_frames,
-                              modalities=args.modalities.split(","))
+                              modalities=args.modalities.split(","), audio_input=speech)
                     for p in make_prompts(args.prompts, n, args.input_len, seed)]
 
         for body in bodies(args.warmup, args.seed + 999):  # loads models, starts loops
@@ -196,6 +198,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-audio-frames", type=int, default=150)
     ap.add_argument("--modalities", default="text,audio")
+    ap.add_argument("--audio-input-seconds", type=float, default=0.0,
+                    help="speech in: a generated wav of this length before each prompt's text")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="serve_bench", help="results/<out>.json and .png")
