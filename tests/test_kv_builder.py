@@ -20,7 +20,6 @@ def test_defaults_and_enabled_switch():
 
 
 @pytest.mark.parametrize("bad,field", [
-    ({"decode": {"backend": "vllm"}}, "must be 'transformers'"),
     ({"prefill": {"dtype": "bfloat16"}}, "must match"),
     ({"fallback": "retry"}, "fallback"),
     ({"timeouts": {"transfer_s": 0}}, "transfer_s"),
@@ -30,6 +29,14 @@ def test_defaults_and_enabled_switch():
 def test_invalid_config_names_the_problem(bad, field):
     with pytest.raises(ValidationError, match=field):
         OmniServingArgs.model_validate({"thinker_disaggregation": bad})
+
+
+def test_vllm_backends_are_accepted_on_either_side():
+    """Both sides speak the portable KV layout (runners/kv.py), so any pair of backends works."""
+    for prefill, decode in (("vllm", "vllm"), ("transformers", "vllm"), ("vllm", "transformers")):
+        d = OmniServingArgs.model_validate({"thinker_disaggregation": {
+            "prefill": {"backend": prefill}, "decode": {"backend": decode}}}).thinker_disaggregation
+        assert (d.prefill.backend, d.decode.backend) == (prefill, decode)
 
 
 def _deployments(app) -> dict:

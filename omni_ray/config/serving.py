@@ -94,9 +94,6 @@ class ThinkerDisaggConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "ThinkerDisaggConfig":
-        if self.prefill.backend != "transformers" or self.decode.backend != "transformers":
-            raise ValueError("thinker_disaggregation: prefill.backend and decode.backend must be "
-                             "'transformers' (the vLLM KV-connector path is not implemented)")
         if self.prefill.dtype != self.decode.dtype:
             raise ValueError(f"thinker_disaggregation: prefill.dtype ({self.prefill.dtype}) and "
                              f"decode.dtype ({self.decode.dtype}) must match")

@@ -12,10 +12,13 @@ _CPU_ENGINE_DEFAULTS = {"kv_cache_memory_bytes": 512 << 20, "enforce_eager": Tru
 
 
 def make_thinker_runner(backend: str, model_dir: str | Path, device: str = "cpu", dtype=None,
-                        max_num_seqs: int = 64, engine_kwargs: dict | None = None):
+                        max_num_seqs: int = 64, engine_kwargs: dict | None = None,
+                        kv_transfer: bool = False):
     """A ``ThinkerRunner`` (transformers) or a ``VllmThinkerRunner`` (vLLM) for ``model_dir``.
 
     ``engine_kwargs`` go to vLLM's ``EngineArgs``; they are an error with the transformers backend.
+    ``kv_transfer``: a vLLM engine with omni_ray's KV connector (prefill/decode disaggregation);
+    the transformers runner always can.
     """
     if backend not in THINKER_BACKENDS:
         raise ValueError(
@@ -37,7 +40,7 @@ def make_thinker_runner(backend: str, model_dir: str | Path, device: str = "cpu"
     kwargs = dict(_CPU_ENGINE_DEFAULTS) if device == "cpu" else {}
     kwargs.update(engine_kwargs or {})
     return VllmThinkerRunner(model_dir, dtype=_dtype_name(dtype), max_num_seqs=max_num_seqs,
-                             engine_kwargs=kwargs)
+                             kv_transfer=kv_transfer, engine_kwargs=kwargs)
 
 
 def _dtype_name(dtype) -> str:

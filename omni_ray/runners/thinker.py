@@ -144,6 +144,27 @@ class ThinkerRunner:
         state = seq.generator.get_state() if seq.generator is not None else None
         return Prefilled(token, seq.cache, len(seq.prompt_ids), state, seq.rope_delta)
 
+    @staticmethod
+    def extract_kv(pre: Prefilled) -> torch.Tensor:
+        """The portable KV ([layers, 2, kv_heads, tokens, head_dim], CPU) of a prefill."""
+        from omni_ray.runners.kv import extract_prompt_kv
+
+        return extract_prompt_kv(pre.cache, pre.num_tokens)
+
+    def add_prefilled_kv(self, request_id: str, prompt_ids: list[int], first_token: int,
+                         kv: torch.Tensor, params: SamplingParams, max_tokens: int,
+                         stop_token_ids: list[int] | None = None, *,
+                         rng_state: torch.Tensor | None = None, rope_delta: int = 0) -> None:
+        """``add_prefilled`` from the portable KV layout (a fresh cache on this runner's
+        device and dtype)."""
+        from omni_ray.runners.kv import cache_from_kv
+
+        param = next(self.model.parameters())
+        cache = cache_from_kv(kv, self.model.config.get_text_config(), device=self.device,
+                              dtype=param.dtype)
+        self.add_prefilled(request_id, prompt_ids, first_token, cache, params, max_tokens,
+                           stop_token_ids, rng_state=rng_state, rope_delta=rope_delta)
+
     def abort(self, request_id: str) -> bool:
         return self._seqs.pop(request_id, None) is not None
 

@@ -57,7 +57,7 @@ class VllmThinkerRunner:
                  gpu_memory_utilization: float = 0.5, enforce_eager: bool = False,
                  eos_token_ids: list[int] | None = None, multiprocessing: bool = False,
                  accept_hidden_layer: int | None = None, media_per_prompt: int = 4,
-                 engine_kwargs: dict | None = None):
+                 kv_transfer: bool = False, engine_kwargs: dict | None = None):
         """Start the engine (loads and warms up the model: seconds to a minute on CPU).
 
         ``gpu_memory_utilization`` is vLLM's (on CPU: the fraction of host memory reserved, unless
@@ -65,7 +65,9 @@ class VllmThinkerRunner:
         and code2wav on the same device. ``media_per_prompt``: audio clips and images a prompt
         may hold (vLLM's ``limit_mm_per_prompt``; 0: text only, no encoder profiling).
         ``accept_hidden_layer`` (default: the checkpoint's talker's): capture the talker's hidden
-        states for media prompts (needs the engine in this process and eager execution). ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged
+        states for media prompts (needs the engine in this process and eager execution).
+        ``kv_transfer``: the prefill/decode hand-off (``prefill_only`` / ``add_prefilled_kv``)
+        through omni_ray's KV connector (runners/vllm_kv_connector.py; in-process engine). ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged
         and override the arguments above. ``eos_token_ids`` default to the checkpoint's
         ``im_end_token_id``.
         """
@@ -88,11 +90,20 @@ class VllmThinkerRunner:
                                  "audio": media_per_prompt},
             disable_log_stats=True,
         )
+        if kv_transfer:
+            from vllm.config import KVTransferConfig
+
+            from omni_ray.runners.vllm_kv_connector import CONFIG
+
+            args["kv_transfer_config"] = KVTransferConfig(**CONFIG)
         args.update(engine_kwargs or {})
+        self.kv_transfer = kv_transfer
         self.max_num_seqs = args["max_num_seqs"]
         with _no_torch_compile_on_cpu(args["enforce_eager"]):
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
         self._prompt_lens: dict[str, int] = {}  # running request id -> prompt length
+        self._first: dict[str, int] = {}  # prefilled elsewhere: the token to emit first
+        self._done_early: list[ThinkerStepOutput] = []  # prefilled requests that end at once
         self._mm: dict[str, tuple[list[int], MultiModalInputs]] = {}  # until the first output
         self.media = args["limit_mm_per_prompt"].get("audio", 0) > 0 or \
             args["limit_mm_per_prompt"].get("image", 0) > 0
@@ -165,7 +176,82 @@ class VllmThinkerRunner:
                                                 if t in self._mm_ids])
         return TokensPrompt(prompt_token_ids=collapsed, multi_modal_data=data)
 
+    # -- prefill/decode disaggregation (kv_transfer=True) -------------------------------------
+    def prefill_only(self, prompt_ids: list[int], params: SamplingParams):
+        """Run the prompt and sample its first token; its KV comes back in the portable layout
+        (``Prefilled.cache``). Steps the engine until done: meant for a prefill-only engine."""
+        import uuid
+
+        from omni_ray.runners.kv import Prefilled
+        from omni_ray.runners.vllm_kv_connector import SAVED
+
+        if not self.kv_transfer:
+            raise RuntimeError("this vLLM thinker was started without kv_transfer")
+        rid = f"prefill-{uuid.uuid4().hex}"
+        sampling = _vllm_sampling_params(params, 1, sorted(self.eos_token_ids))
+        sampling.extra_args = {"kv_transfer_params": {"omni_ray": "save", "key": rid}}
+        self.engine.add_request(rid, TokensPromptOf(prompt_ids), sampling)
+        token = None
+        try:
+            while token is None:
+                for out in self.engine.step():
+                    if out.request_id == rid and out.outputs[0].token_ids:
+                        token = int(out.outputs[0].token_ids[0])
+            kv = SAVED.pop(rid)
+        except BaseException:
+            self.engine.abort_request([rid])
+            SAVED.pop(rid, None)
+            raise
+        return Prefilled(token, kv, len(prompt_ids), None, 0)
+
+    @staticmethod
+    def extract_kv(pre) -> "torch.Tensor":
+        """The portable KV of a ``prefill_only`` result (already extracted by the connector)."""
+        return pre.cache
+
+    def add_prefilled_kv(self, request_id: str, prompt_ids: list[int], first_token: int, kv,
+                         params: SamplingParams, max_tokens: int,
+                         stop_token_ids: list[int] | None = None, *, rng_state=None,
+                         rope_delta: int = 0) -> None:
+        """Register a request whose prompt KV (``kv``, portable layout) and first token came from
+        a prefill elsewhere: vLLM loads the KV, computes only the first token's row, and the
+        request's first step emits ``first_token``. (A seeded sampler restarts: ``rng_state`` is
+        not carried into vLLM.)"""
+        from omni_ray.runners.vllm_kv_connector import TO_LOAD
+
+        if not self.kv_transfer:
+            raise RuntimeError("this vLLM thinker was started without kv_transfer")
+        if request_id in self._prompt_lens:
+            raise ValueError(f"duplicate request_id {request_id!r}")
+        if kv.shape[3] != len(prompt_ids):
+            raise ValueError(f"KV holds {kv.shape[3]} tokens, the prompt has {len(prompt_ids)}")
+        stop = sorted(self.eos_token_ids | frozenset(stop_token_ids or ()))
+        if first_token in stop or max_tokens <= 1:  # ends with its first token: no engine work
+            reason = FinishReason.STOP if first_token in stop else FinishReason.LENGTH
+            self._done_early.append(ThinkerStepOutput(request_id, [first_token], True, reason,
+                                                      len(prompt_ids)))
+            self._prompt_lens[request_id] = len(prompt_ids)
+            return
+        sampling = _vllm_sampling_params(params, max_tokens - 1, stop)
+        sampling.extra_args = {"kv_transfer_params": {
+            "omni_ray": "load", "key": request_id, "num_tokens": len(prompt_ids)}}
+        TO_LOAD[request_id] = kv
+        try:
+            self.engine.add_request(request_id, TokensPromptOf(list(prompt_ids) + [first_token]),
+                                    sampling)
+        except BaseException:
+            TO_LOAD.pop(request_id, None)
+            raise
+        self._prompt_lens[request_id] = len(prompt_ids)
+        self._first[request_id] = first_token
+
     def _forget(self, request_id: str) -> None:
+        self._first.pop(request_id, None)
+        self._done_early = [o for o in self._done_early if o.request_id != request_id]
+        if self.kv_transfer:
+            from omni_ray.runners.vllm_kv_connector import TO_LOAD
+
+            TO_LOAD.pop(request_id, None)
         self._mm.pop(request_id, None)
         if self._capture is not None:
             self._capture.forget(request_id)
@@ -189,7 +275,9 @@ class VllmThinkerRunner:
 
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> list[ThinkerStepOutput]:
-        outputs = []
+        outputs, self._done_early = self._done_early, []
+        for o in outputs:
+            del self._prompt_lens[o.request_id]
         # 1) One engine iteration; DELTA outputs carry only this step's new tokens.
         for out in self.engine.step():
             num_prompt = self._prompt_lens.get(out.request_id)
@@ -212,8 +300,12 @@ class VllmThinkerRunner:
             if out.finished:
                 reason = _FINISH_REASONS.get(completion.finish_reason, FinishReason.ERROR)
                 del self._prompt_lens[out.request_id]
-            outputs.append(ThinkerStepOutput(out.request_id, list(completion.token_ids),
-                                             out.finished, reason, num_prompt, mm=mm_ctx))
+            tokens = list(completion.token_ids)
+            first = self._first.pop(out.request_id, None)
+            if first is not None:  # prefilled elsewhere: its first token leads
+                tokens.insert(0, first)
+            outputs.append(ThinkerStepOutput(out.request_id, tokens, out.finished, reason,
+                                             num_prompt, mm=mm_ctx))
         return outputs
 
     def _mm_context(self, out) -> MMContext | None:
@@ -235,6 +327,12 @@ class VllmThinkerRunner:
             self._capture.close()
         self._mm.clear()
         self.engine.engine_core.shutdown()
+
+
+def TokensPromptOf(ids: list[int]):  # noqa: N802 - vLLM's prompt type, built lazily
+    from vllm.inputs import TokensPrompt
+
+    return TokensPrompt(prompt_token_ids=list(ids))
 
 
 def _vllm_sampling_params(params: SamplingParams, max_tokens: int, stop_token_ids: list[int]):

@@ -43,10 +43,13 @@ class _ReqState:
 class StageEngine:
     """Ray actor body (created with ``ray.remote(StageEngine).options(...)`` by the replica)."""
 
+    kv_transfer = False  # the disaggregated thinker's engines (kv_engine.py) hand KV over
+
     def __init__(self, stage: str, model_dir: str, stage_cfg, pipeline, max_model_len: int = 8192):
         self.stage = stage
         self.pipeline = pipeline
-        self.logic = build_stage_logic(stage, model_dir, stage_cfg, pipeline, max_model_len)
+        self.logic = build_stage_logic(stage, model_dir, stage_cfg, pipeline, max_model_len,
+                                       kv_transfer=self.kv_transfer)
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._reqs: dict[str, _ReqState] = {}
         self._loop: asyncio.AbstractEventLoop | None = None

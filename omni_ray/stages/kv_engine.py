@@ -44,6 +44,8 @@ class _LoopPoster:
 class PrefillEngine(_LoopPoster, StageEngine):
     """The KV sender: ``prefill(request)`` streams ``KVProgress`` HELD, then EXTRACTED."""
 
+    kv_transfer = True
+
     def __init__(self, stage: str, model_dir: str, stage_cfg, pipeline, max_model_len: int = 8192):
         super().__init__("thinker", model_dir, stage_cfg, pipeline, max_model_len)
         self.stage = stage
@@ -128,6 +130,8 @@ class DecodeEngine(_LoopPoster, StageEngine):
     actor, and the request streams as any thinker request. A request whose KV is not staged within
     ``transfer_s + load_s`` of registering fails by itself; one whose load raised never ran.
     """
+
+    kv_transfer = True
 
     def __init__(self, stage: str, model_dir: str, stage_cfg, pipeline, max_model_len: int = 8192,
                  timeouts: KVTimeouts | None = None):

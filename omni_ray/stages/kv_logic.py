@@ -13,7 +13,7 @@ from omni_ray.config.request import OmniRequest
 from omni_ray.kv_lifecycle import KVExtractError, KVLoadError
 from omni_ray.payload import KVChunk
 from omni_ray.runners.chunking import ThinkerChunker
-from omni_ray.runners.kv import Prefilled, cache_from_kv, extract_prompt_kv
+from omni_ray.runners.kv import Prefilled
 from omni_ray.stages.logic import StageLogic, ThinkerLogic
 
 
@@ -49,7 +49,7 @@ class PrefillLogic(StageLogic):
             raise KVExtractError("injected extraction failure (x-omni-kv-fault)")
         pre = held.prefilled
         try:
-            kv = extract_prompt_kv(pre.cache, pre.num_tokens)
+            kv = self.runner.extract_kv(pre)
         except Exception as e:
             raise KVExtractError(f"{type(e).__name__}: {e}") from e
         return KVChunk(request_id=request_id, kv=kv, num_tokens=pre.num_tokens,
@@ -81,20 +81,15 @@ class DecodeThinkerLogic(ThinkerLogic):
         if chunk.request_id != rid or chunk.num_tokens != len(req.prompt_token_ids):
             raise KVLoadError(f"KV for {chunk.request_id!r} ({chunk.num_tokens} tokens) does not "
                               f"match request {rid!r} ({len(req.prompt_token_ids)} tokens)")
-        runner = self.runner
-        param = next(runner.model.parameters())
-        try:
-            cache = cache_from_kv(chunk.kv, runner.model.config.get_text_config(),
-                                  device=runner.device, dtype=param.dtype)
-        except Exception as e:
-            raise KVLoadError(f"{type(e).__name__}: {e}") from e
         if fail:
             raise KVLoadError("injected load failure (x-omni-kv-fault)")
         try:  # atomic: on error the runner holds nothing of the request
-            runner.add_prefilled(rid, req.prompt_token_ids, chunk.first_token, cache,
-                                 req.thinker_sampling, req.max_tokens, list(req.stop_token_ids),
-                                 rng_state=chunk.rng_state, rope_delta=chunk.rope_delta)
+            self.runner.add_prefilled_kv(rid, req.prompt_token_ids, chunk.first_token, chunk.kv,
+                                         req.thinker_sampling, req.max_tokens,
+                                         list(req.stop_token_ids), rng_state=chunk.rng_state,
+                                         rope_delta=chunk.rope_delta)
         except Exception as e:
+            self.runner.abort(rid)
             raise KVLoadError(f"{type(e).__name__}: {e}") from e
         self._chunkers[rid] = (ThinkerChunker(rid, req.prompt_token_ids, self.pipeline.mode)
                                if has_downstream else None)

@@ -237,7 +237,7 @@ class Code2WavLogic(StageLogic):
 
 
 def build_stage_logic(stage: str, model_dir: str, stage_cfg, pipeline: PipelineConfig,
-                      max_model_len: int = 8192) -> StageLogic:
+                      max_model_len: int = 8192, kv_transfer: bool = False) -> StageLogic:
     """Load the stage's model and wrap its runner (runs inside the engine actor)."""
     import torch
 
@@ -252,7 +252,7 @@ def build_stage_logic(stage: str, model_dir: str, stage_cfg, pipeline: PipelineC
         if stage_cfg.backend == "vllm":
             engine_kwargs = {"max_model_len": max_model_len, **stage_cfg.engine_kwargs}
         runner = make_thinker_runner(stage_cfg.backend, model_dir, stage_cfg.device, dtype,
-                                     stage_cfg.max_num_seqs, engine_kwargs)
+                                     stage_cfg.max_num_seqs, engine_kwargs, kv_transfer)
         return ThinkerLogic(runner, pipeline)
     if stage == "talker":
         m = load_stage(model_dir, "talker", stage_cfg.device, dtype)

@@ -1,0 +1,67 @@
+"""Thinker prefill/decode disaggregation with both sides on vLLM (CPU): the KV moves through
+omni_ray's vLLM KV connector and the ingress-owned lifecycle, and the answers equal the
+non-disaggregated app's (tests/serve/test_kv_disagg.py runs the same on transformers)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from test_kv_disagg import (  # noqa: F401 - fixtures
+    APP,
+    TIMEOUTS,
+    _args,
+    ask,
+    kv_counts,
+    reference,
+    same_answer,
+    serve_port,
+    stats,
+    wait_clean,
+)
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
+]
+# No prefix caching: every hand-off must load its KV.
+VLLM = {"backend": "vllm", "engine_kwargs": {
+    "max_model_len": 2048, "max_num_batched_tokens": 256, "max_num_seqs": 8,
+    "kv_cache_memory_bytes": 64 << 20, "enable_prefix_caching": False}}
+
+
+@pytest.fixture(scope="module")
+def vllm_kv_url(serve_port, reference, tiny_model_dir):  # noqa: F811
+    from ray import serve
+
+    from omni_ray import build_omni_app
+
+    disagg = {"timeouts": {**TIMEOUTS, "prefill_s": 60.0}, "fallback": "local_prefill",
+              "prefill": VLLM, "decode": VLLM}
+    serve.run(build_omni_app(_args(tiny_model_dir, thinker_disaggregation=disagg)),
+              name=f"{APP}-vllm", route_prefix="/kv-vllm")
+    yield f"http://127.0.0.1:{serve_port}/kv-vllm"
+    serve.delete(f"{APP}-vllm")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("modalities", [("text", "audio"), ("text",)])
+def test_vllm_to_vllm_hand_off_gives_the_same_answer(vllm_kv_url, reference, modalities,  # noqa: F811
+                                                     stream):
+    before = kv_counts(vllm_kv_url)
+    same_answer(ask(vllm_kv_url, modalities, stream), reference[(modalities, stream)])
+    after = kv_counts(vllm_kv_url)
+    assert after["kv_released"] == before["kv_released"] + 1  # it went through a hand-off
+    assert after["kv_fallbacks"] == before["kv_fallbacks"]
+    assert wait_clean(vllm_kv_url) == {}
+
+
+def test_failed_load_falls_back_to_a_local_prefill(vllm_kv_url, reference):  # noqa: F811
+    before = kv_counts(vllm_kv_url)
+    same_answer(ask(vllm_kv_url, ("text",), False, fault="load_fails"),
+                reference[(("text",), False)])
+    assert kv_counts(vllm_kv_url)["kv_fallbacks"] == before["kv_fallbacks"] + 1
+    assert wait_clean(vllm_kv_url) == {}
+    s = stats(vllm_kv_url)
+    assert s["thinker_prefill"]["kv_saves"] >= 4 and s["thinker"]["kv_loads"] >= 4
