@@ -268,7 +268,14 @@ class VllmThinkerRunner:
 
     @property
     def num_requests(self) -> int:
-        return len(self._prompt_lens)
+        """Running requests, plus any KV the connector still stages for none (a leak: the
+        Serve tests' clean-state checks see it here)."""
+        staged = set()
+        if self.kv_transfer:
+            from omni_ray.runners.vllm_kv_connector import SAVED, TO_LOAD
+
+            staged = (set(TO_LOAD) | set(SAVED)) - set(self._prompt_lens)
+        return len(self._prompt_lens) + len(staged)
 
     def request_ids(self) -> list[str]:
         return list(self._prompt_lens)
