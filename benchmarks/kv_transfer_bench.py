@@ -27,10 +27,21 @@ APP = "kv-bench"
 REAL_THINKER = dict(num_hidden_layers=48, num_key_value_heads=4, head_dim=128, dtype="bfloat16")
 
 
-def _app_args(model_dir: str, max_prompt: int) -> dict:
+# vLLM on CPU for the tiny model: eager, a small KV cache, no prefix caching (every hand-off
+# loads its KV); batched tokens cover the longest prompt (one prefill step).
+VLLM_SIDE = {"backend": "vllm", "engine_kwargs": {
+    "max_model_len": 4096, "max_num_batched_tokens": 2048, "max_num_seqs": 8,
+    "kv_cache_memory_bytes": 128 << 20, "enable_prefix_caching": False}}
+
+
+def _app_args(model_dir: str, max_prompt: int, backend: str = "transformers") -> dict:
+    disagg = {"fallback": "error"}
+    if backend == "vllm":
+        disagg.update(prefill=VLLM_SIDE, decode=VLLM_SIDE,
+                      timeouts={"prefill_s": 120.0, "transfer_s": 30.0, "load_s": 30.0})
     return {"model": model_dir, "model_id": "qwen3-omni",
-            "limits": {"max_prompt_tokens": max_prompt},
-            "thinker_disaggregation": {"fallback": "error"}}
+            "limits": {"max_prompt_tokens": max_prompt}, "max_model_len": 4096,
+            "thinker_disaggregation": disagg}
 
 
 async def _one(client, prompt_len: int, i: int, max_tokens: int) -> dict:
@@ -58,9 +69,12 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", default="16,128,512,2048", help="prompt lengths in tokens")
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=4)
-    p.add_argument("--out", default="kv_transfer_cpu")
+    p.add_argument("--out", default=None, help="default: kv_transfer_cpu[_vllm]")
+    p.add_argument("--backend", choices=("transformers", "vllm"), default="transformers",
+                   help="both sides' thinker backend (vllm: omni_ray's vLLM KV connector)")
     args = p.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
+    out = args.out or ("kv_transfer_cpu" if args.backend == "transformers" else "kv_transfer_cpu_vllm")
 
     import torch
     from ray import serve
@@ -74,7 +88,7 @@ def main(argv=None) -> int:
     model_dir = tiny_model_dir()
     rows = []
     with LocalServe():
-        cfg = OmniServingArgs.model_validate(_app_args(model_dir, max(lengths)))
+        cfg = OmniServingArgs.model_validate(_app_args(model_dir, max(lengths), args.backend))
         serve.run(build_omni_app(cfg), name=APP, route_prefix=f"/{APP}")
         h = {s: serve.get_deployment_handle(f"{s}:qwen3-omni", app_name=APP)
              for s in ("ThinkerPrefill", "ThinkerDecode", "Talker", "Code2Wav")}
@@ -111,8 +125,9 @@ def main(argv=None) -> int:
     real = dict(REAL_THINKER)
     real_bpt = (2 * real["num_hidden_layers"] * real["num_key_value_heads"] * real["head_dim"]
                 * torch.empty(0, dtype=getattr(torch, real["dtype"])).element_size())
-    path = write_json(f"{args.out}.json", dict(
-        benchmark="kv_transfer", what="thinker prefill -> decode KV hand-off, tiny checkpoint, "
+    path = write_json(f"{out}.json", dict(
+        benchmark="kv_transfer", backend=args.backend,
+        what="thinker prefill -> decode KV hand-off, tiny checkpoint, "
         "CPU; hand-off = EXTRACTED (sender saved) -> LOADED (in the decode runner), as the "
         "ingress sees it", repeats=args.repeats, max_tokens=args.max_tokens,
         tiny_model=dict(layers=text_cfg.num_hidden_layers, kv_heads=text_cfg.num_key_value_heads,
