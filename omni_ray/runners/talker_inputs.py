@@ -1,0 +1,273 @@
+"""What the talker's backbone consumes, built from the thinker's stream (shared by both backends).
+
+Per request the talker reads the thinker's stream (prompt ids, then generated ids as they come)
+and its backbone consumes:
+
+* prefill (user turns + 9 assistant positions): needs the first generated text token;
+* decode step ``k``: the summed embedding of frame ``k-1``'s 16 codes (codebook 0 sampled by the
+  backbone, codebooks 1-15 by the code predictor) plus the projected embedding of "trailing text"
+  entry ``k``: the assistant stream ``a = prompt[assistant_start:] + generated`` gives ``a[4 + k]``
+  while that is not the last token, ``tts_eos`` at the last token, ``tts_pad`` after it (the last
+  generated token is never spoken, exactly as transformers' ``generate`` does it).
+
+A request whose next entry is not yet determined is not ``ready``: the talker never decodes on
+missing input. ``TalkerRunner`` (transformers backbone) and ``VllmTalkerRunner`` (vLLM backbone)
+both build their inputs here, from the same transformers modules, so they see the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from omni_ray.config.sampling import SamplingParams
+from omni_ray.payload import FinishReason
+from omni_ray.runners.sampling import sample_token
+
+ASSISTANT_HEADER = 3  # "<|im_start|>assistant\n"
+
+
+@dataclass
+class TalkerStepOutput:
+    request_id: str
+    frames: torch.Tensor          # [n, 16] int64: frames produced this step (n is 0 or 1)
+    finished: bool
+    finish_reason: FinishReason
+    error: str | None = None  # set when this request failed (finish_reason ERROR)
+
+
+@dataclass
+class TalkerSeq:
+    """One request's talker state (the backbone's KV cache lives with the backend)."""
+
+    request_id: str
+    speaker_id: int
+    params: SamplingParams
+    max_frames: int
+    generator: torch.Generator | None
+    prompt_ids: list[int] | None = None
+    mm_hidden: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None  # multimodal layout, for the mrope positions
+    audio_feature_lengths: torch.Tensor | None = None
+    rope_delta: int = 0  # mrope offset of decode positions (0 for text-only prompts)
+    text_ids: list[int] = field(default_factory=list)
+    text_finished: bool = False
+    assistant_start: int = -1
+    prefilled: bool = False           # the backbone has run the prefill
+    cache: object = None              # transformers backend: the request's KV cache
+    gen_step: int = 0                 # decode steps done (= frames produced)
+    codec_ids: list[int] = field(default_factory=list)  # sampled codebook-0 tokens
+    past_hidden: torch.Tensor | None = None  # backbone's last hidden state [1, 1, D]
+
+    @property
+    def stream(self) -> list[int]:
+        """The assistant stream a = prompt[assistant_start:] + generated ids."""
+        return self.prompt_ids[self.assistant_start:] + self.text_ids
+
+    @property
+    def multimodal(self) -> bool:
+        return self.image_grid_thw is not None or self.audio_feature_lengths is not None
+
+    def ready(self) -> bool:
+        """Whether the next backbone step (prefill or decode ``gen_step``) has its input."""
+        if self.prompt_ids is None:
+            return False
+        n = len(self.stream)
+        if not self.prefilled:  # prefill needs a[3], the first generated token
+            return n > ASSISTANT_HEADER or self.text_finished
+        return self.text_finished or n > ASSISTANT_HEADER + 1 + self.gen_step + 1
+
+    def deliver(self, token_ids: list[int], finished: bool, prompt_token_ids, mm_hidden,
+                image_grid_thw, audio_feature_lengths, cfg) -> None:
+        """Take thinker output; the first delivery carries the prompt."""
+        if self.text_finished:
+            raise ValueError(f"{self.request_id}: text delivered after the thinker finished")
+        if prompt_token_ids is not None:
+            if self.prompt_ids is not None:
+                raise ValueError(f"{self.request_id}: prompt delivered twice")
+            self.prompt_ids = list(prompt_token_ids)
+            self.mm_hidden = mm_hidden
+            self.image_grid_thw, self.audio_feature_lengths = image_grid_thw, audio_feature_lengths
+            self.assistant_start = assistant_start(self.prompt_ids, cfg)
+        elif self.prompt_ids is None:
+            raise ValueError(f"{self.request_id}: text delivered before the prompt")
+        self.text_ids.extend(token_ids)
+        self.text_finished = finished
+
+
+class TalkerInputs:
+    """Builds the backbone's input embeddings and runs the code predictor.
+
+    ``talker`` is transformers' ``Qwen3OmniMoeTalkerForConditionalGeneration``; only its
+    ``model.codec_embedding``, ``code_predictor``, ``text_projection`` and ``hidden_projection``
+    are used here. ``text_embedding`` is the thinker's token embedding table.
+    """
+
+    def __init__(self, talker, text_embedding, config, device: str = "cpu"):
+        self.model = talker
+        self.embed_text = text_embedding
+        self.cfg = config                 # Qwen3OmniMoeConfig
+        self.device = device
+        tc = config.talker_config
+        self.num_code_groups = tc.num_code_groups
+        self.codec_eos = tc.codec_eos_token_id
+        self.speakers = {k.lower(): v for k, v in tc.speaker_id.items()}
+        vocab = tc.text_config.vocab_size
+        self.suppress = torch.tensor([i for i in range(vocab - 1024, vocab) if i != self.codec_eos])
+        th = config.thinker_config
+        self.mm_token_ids = {th.audio_token_id, th.image_token_id, th.video_token_id}
+        with torch.inference_mode():
+            special = torch.tensor([[config.tts_bos_token_id, config.tts_eos_token_id,
+                                     config.tts_pad_token_id]], device=device)
+            proj = self.model.text_projection(self.embed_text(special))
+            self.tts_bos, self.tts_eos, self.tts_pad = proj[:, 0:1], proj[:, 1:2], proj[:, 2:3]
+
+    def new_seq(self, request_id: str, speaker: str, params: SamplingParams,
+                max_frames: int, generator) -> TalkerSeq:
+        speaker_id = self.speakers.get(speaker.lower())
+        if speaker_id is None:
+            raise ValueError(f"unknown speaker {speaker!r}; known: {sorted(self.speakers)}")
+        if max_frames < 1:
+            raise ValueError("max_frames must be >= 1")
+        return TalkerSeq(request_id, speaker_id, params, max_frames, generator)
+
+    # -- prefill ---------------------------------------------------------------------------------
+    def prefill_embeds(self, seq: TalkerSeq) -> torch.Tensor:
+        """[1, L, D]: the user turns (projected text; projected hidden states at multimodal
+        positions) then the 9 assistant positions."""
+        user = self.user_part(seq)
+        assistant = self.assistant_part(seq)
+        return torch.cat([user, assistant], dim=1) if user is not None else assistant
+
+    def user_part(self, seq: TalkerSeq) -> torch.Tensor | None:
+        ids = seq.prompt_ids
+        user_pos = user_positions(ids, self.cfg)
+        if not user_pos:
+            return None
+        rows = []
+        mm_iter = 0
+        for p in user_pos:
+            if ids[p] in self.mm_token_ids:
+                if seq.mm_hidden is None or mm_iter >= seq.mm_hidden.shape[0]:
+                    raise ValueError(f"{seq.request_id}: multimodal prompt without hidden states")
+                rows.append(self.model.hidden_projection(
+                    seq.mm_hidden[mm_iter:mm_iter + 1].to(self.device)))
+                mm_iter += 1
+            else:
+                rows.append(self.project_text([ids[p]])[0])
+        return torch.cat(rows, dim=0).unsqueeze(0)
+
+    def assistant_part(self, seq: TalkerSeq) -> torch.Tensor:
+        tc = self.cfg.talker_config
+        a = seq.stream
+        head = self.project_text(a[:ASSISTANT_HEADER + 1])  # header + first text token
+        text = torch.cat([head[:, :3], self.tts_pad.expand(1, 4, -1), self.tts_bos, head[:, 3:4]],
+                         dim=1)
+        codec_ids = torch.tensor([[tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id,
+                                   seq.speaker_id, tc.codec_pad_id, tc.codec_bos_id]],
+                                 device=self.device)
+        codec = torch.cat([torch.zeros_like(text[:, :3]),
+                           self.model.get_input_embeddings()(codec_ids)], dim=1)
+        return text + codec
+
+    # -- decode ----------------------------------------------------------------------------------
+    def trailing(self, seq: TalkerSeq, k: int) -> torch.Tensor:
+        """[1, 1, D]: the projected text part of decode step ``k``'s input."""
+        a = seq.stream
+        idx = ASSISTANT_HEADER + 1 + k
+        if idx < len(a) - 1 or (not seq.text_finished):
+            if idx >= len(a) - 1:
+                raise RuntimeError(f"{seq.request_id}: trailing text {k} not available")
+            return self.project_text([a[idx]])
+        last = max(len(a) - 2 - ASSISTANT_HEADER, 0)  # step that speaks tts_eos
+        return self.tts_eos if k == last else self.tts_pad
+
+    def project_text(self, ids: list[int]) -> torch.Tensor:
+        t = torch.tensor([ids], dtype=torch.long, device=self.device)
+        return self.model.text_projection(self.embed_text(t))
+
+    def residual_codes(self, seq: TalkerSeq) -> tuple[torch.Tensor, torch.Tensor]:
+        """Code predictor: codebooks 1..15 for the last token; returns the frame [1, 16] and the
+        summed embedding [1, 1, D] of its 16 codes (the next input, before the text part)."""
+        from transformers import DynamicCache
+
+        cp = self.model.code_predictor
+        last = torch.tensor([[seq.codec_ids[-1]]], device=self.device)
+        last_embed = self.model.get_input_embeddings()(last)
+        cache = DynamicCache(config=cp.config)
+        out = cp(inputs_embeds=torch.cat([seq.past_hidden, last_embed], dim=1), cache=cache,
+                 use_cache=True)
+        codes = [seq.codec_ids[-1]]
+        embed_sum = last_embed
+        cp_params = code_predictor_params(seq.params)
+        for step in range(1, self.num_code_groups):
+            code = sample_token(out.logits[0, -1], cp_params, None, None, seq.generator)
+            codes.append(code)
+            code_t = torch.tensor([[code]], device=self.device)
+            embed_sum = embed_sum + cp.get_input_embeddings()[step - 1](code_t)
+            if step < self.num_code_groups - 1:
+                out = cp(input_ids=code_t, cache=out.cache, use_cache=True, generation_steps=step)
+        return torch.tensor([codes], dtype=torch.long), embed_sum
+
+    def residual_codes_batch(self, seqs: list[TalkerSeq]) -> dict:
+        """``residual_codes`` for several requests in one batch: {request_id: (frame, embed)}."""
+        from transformers import DynamicCache
+
+        cp = self.model.code_predictor
+        last = torch.tensor([[s.codec_ids[-1]] for s in seqs], device=self.device)
+        last_embed = self.model.get_input_embeddings()(last)                 # [B, 1, D]
+        past = torch.cat([s.past_hidden for s in seqs], dim=0)               # [B, 1, D]
+        out = cp(inputs_embeds=torch.cat([past, last_embed], dim=1),
+                 cache=DynamicCache(config=cp.config), use_cache=True)
+        codes = [last[:, 0]]
+        embed_sum = last_embed
+        params = [code_predictor_params(s.params) for s in seqs]
+        for step in range(1, self.num_code_groups):
+            logits = out.logits[:, -1]
+            if all(p.greedy for p in params):
+                code = logits.argmax(-1)
+            else:
+                code = torch.tensor([sample_token(logits[i], p, None, None, s.generator)
+                                     for i, (p, s) in enumerate(zip(params, seqs))],
+                                    device=self.device)
+            codes.append(code)
+            code_t = code.view(-1, 1)
+            embed_sum = embed_sum + cp.get_input_embeddings()[step - 1](code_t)
+            if step < self.num_code_groups - 1:
+                out = cp(input_ids=code_t, cache=out.cache, use_cache=True, generation_steps=step)
+        frames = torch.stack(codes, dim=1).to("cpu", torch.long)            # [B, 16]
+        return {s.request_id: (frames[i:i + 1], embed_sum[i:i + 1]) for i, s in enumerate(seqs)}
+
+    def finish_reason(self, seq: TalkerSeq) -> FinishReason:
+        if seq.codec_ids and seq.codec_ids[-1] == self.codec_eos:
+            return FinishReason.STOP
+        if seq.gen_step >= seq.max_frames:
+            return FinishReason.LENGTH
+        return FinishReason.NONE
+
+
+def code_predictor_params(params: SamplingParams) -> SamplingParams:
+    """transformers mirrors the talker's do_sample onto the code predictor (top-k 50, top-p 0.8)."""
+    if params.greedy:
+        return SamplingParams()
+    return SamplingParams(temperature=1.0, top_k=50, top_p=0.8)
+
+
+def assistant_start(ids: list[int], cfg) -> int:
+    """Index of the last ``<|im_start|>assistant`` in the prompt."""
+    for i in range(len(ids) - 2, -1, -1):
+        if ids[i] == cfg.im_start_token_id and ids[i + 1] == cfg.assistant_token_id:
+            return i
+    raise ValueError("prompt must end with an '<|im_start|>assistant' turn")
+
+
+def user_positions(ids: list[int], cfg) -> list[int]:
+    """Positions inside user turns (the role token after the last <|im_start|> is 'user')."""
+    out, role = [], None
+    for i, t in enumerate(ids):
+        if t == cfg.im_start_token_id:
+            role = ids[i + 1] if i + 1 < len(ids) else None
+        if role == cfg.user_token_id:
+            out.append(i)
+    return out
