@@ -23,8 +23,7 @@ from omni_ray.models.tokenizer import encode_chat, load_tokenizer
 from omni_ray.payload import FinishReason
 from omni_ray.runners.chunking import CodecChunker, ThinkerChunker
 from omni_ray.runners.code2wav import Code2WavRunner
-from omni_ray.runners.factory import make_thinker_runner
-from omni_ray.runners.talker import TalkerRunner
+from omni_ray.runners.factory import make_talker_runner, make_thinker_runner
 from omni_ray.transport.local import send_local
 
 SAMPLE_RATE = 24000
@@ -82,22 +81,22 @@ class Omni:
     def __init__(self, model: str | Path, mode: str = "async_chunk", *, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, pipeline: PipelineConfig | None = None,
                  max_num_seqs: int = 64, thinker_backend: str = "transformers",
-                 thinker_engine_kwargs: dict | None = None, thinker_runner=None):
-        """``thinker_backend``: "transformers" or "vllm" (``thinker_engine_kwargs`` go to vLLM's
-        EngineArgs). ``thinker_runner`` injects a ready thinker runner (e.g. one vLLM engine
+                 thinker_engine_kwargs: dict | None = None, thinker_runner=None,
+                 talker_backend: str = "transformers", talker_engine_kwargs: dict | None = None):
+        """``thinker_backend`` / ``talker_backend``: "transformers" or "vllm" (the
+        ``*_engine_kwargs`` go to vLLM's EngineArgs). ``thinker_runner`` injects a ready thinker runner (e.g. one vLLM engine
         shared by tests) instead of building one; it must be idle and is not owned by ``Omni``."""
         self.model_dir = Path(model)
         self.pipeline = (pipeline or PipelineConfig()).model_copy(update={"mode": mode})
         self.thinker = (thinker_runner if thinker_runner is not None else make_thinker_runner(
             thinker_backend, model, device, dtype, max_num_seqs, thinker_engine_kwargs))
-        tk = load_stage(model, "talker", device, dtype)
+        self.talker = make_talker_runner(talker_backend, model, device, dtype, max_num_seqs,
+                                         talker_engine_kwargs)
         cw = load_stage(model, "code2wav", device, dtype)
-        cfg = tk.config
+        cfg = self.talker.cfg
         self.config = cfg
         self.tokenizer = load_tokenizer(model)
         self.inputs = InputProcessor(model, self.tokenizer)
-        self.talker = TalkerRunner(tk.module, tk.text_embedding, cfg, max_num_seqs=max_num_seqs,
-                                   device=device)
         self.code2wav = Code2WavRunner(cw.module, mode=self.pipeline.code2wav_mode,
                                        left_context_frames=self.pipeline.left_context_frames,
                                        device=device)

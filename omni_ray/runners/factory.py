@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 THINKER_BACKENDS = ("transformers", "vllm")
+TALKER_BACKENDS = ("transformers", "vllm")
 # vLLM defaults for device "cpu" (engine_kwargs override them): a fixed, small KV cache (vLLM
 # would otherwise reserve gpu_memory_utilization x host memory) and eager mode (torch.compile on
 # CPU adds an inductor build to the engine start).
@@ -41,6 +42,33 @@ def make_thinker_runner(backend: str, model_dir: str | Path, device: str = "cpu"
     kwargs.update(engine_kwargs or {})
     return VllmThinkerRunner(model_dir, dtype=_dtype_name(dtype), max_num_seqs=max_num_seqs,
                              kv_transfer=kv_transfer, engine_kwargs=kwargs)
+
+
+def make_talker_runner(backend: str, model_dir: str | Path, device: str = "cpu", dtype=None,
+                       max_num_seqs: int = 64, engine_kwargs: dict | None = None):
+    """A ``TalkerRunner`` (transformers backbone) or a ``VllmTalkerRunner`` (vLLM backbone; the
+    code predictor and projections stay in transformers) for ``model_dir``."""
+    if backend not in TALKER_BACKENDS:
+        raise ValueError(
+            f"talker_backend must be one of {list(TALKER_BACKENDS)}, got {backend!r}")
+    from omni_ray.models.loading import load_stage
+
+    if backend == "transformers" and engine_kwargs:
+        raise ValueError("talker_engine_kwargs apply to the vllm talker_backend only, "
+                         f"got {sorted(engine_kwargs)} with 'transformers'")
+    tk = load_stage(model_dir, "talker", device, dtype)
+    if backend == "transformers":
+        from omni_ray.runners.talker import TalkerRunner
+
+        return TalkerRunner(tk.module, tk.text_embedding, tk.config, max_num_seqs=max_num_seqs,
+                            device=device)
+    from omni_ray.runners.vllm_talker import VllmTalkerRunner
+
+    kwargs = dict(_CPU_ENGINE_DEFAULTS, kv_cache_memory_bytes=256 << 20) if device == "cpu" else {}
+    kwargs.update(engine_kwargs or {})
+    return VllmTalkerRunner(model_dir, tk.module, tk.text_embedding, tk.config,
+                            dtype=_dtype_name(dtype), device=device, max_num_seqs=max_num_seqs,
+                            engine_kwargs=kwargs)
 
 
 def _dtype_name(dtype) -> str:

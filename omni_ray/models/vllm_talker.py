@@ -1,0 +1,90 @@
+"""The Qwen3-Omni talker's backbone as a vLLM 0.26 model, and the scheduler that lets it wait.
+
+Imported by vLLM only (it imports vLLM); ``omni_ray.models.vllm_plugin.register`` names it in
+vLLM's model registry. What vLLM runs here is the talker's Qwen3-MoE backbone (with its shared
+expert, vLLM's ``Qwen3MoeForCausalLM``) and its ``codec_head``: batched across requests, paged KV,
+CUDA graphs on GPU. Everything else the talker does per step (code predictor, the thinker's text,
+the multimodal projection) stays in omni_ray's runner and reaches vLLM through two hooks that
+vLLM calls outside the compiled forward (runners/vllm_talker.py says which vLLM internals those
+read):
+
+* ``embed_input_ids``: vLLM asks for the embeddings of a step's token-id rows (with
+  ``enable_prompt_embeds`` it does so eagerly, outside the CUDA graph). A decode row's token is
+  the codebook-0 code sampled last step; the bridge returns the sum of that frame's 16 codebook
+  embeddings plus the projected text for this step, running the code predictor for the frame.
+* ``compute_logits``: the bridge keeps each request's last hidden state (the code predictor's
+  input next step), suppresses the non-codec ids and applies the repetition penalty over the
+  request's generated codes (transformers' rule; vLLM's own would also count the prompt).
+
+``TalkerScheduler`` holds back running requests whose next text is not known yet (async_chunk:
+the thinker is behind), so vLLM never decodes a talker step on missing input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
+from vllm.v1.core.sched.scheduler import Scheduler
+
+ARCHITECTURE = "OmniRayQwen3OmniTalkerForCausalLM"
+
+# checkpoint name prefix -> vLLM Qwen3MoeForCausalLM name prefix (first match wins)
+_RENAMES = (
+    ("talker.model.codec_embedding.", "model.embed_tokens."),
+    ("talker.model.", "model."),
+    ("talker.codec_head.", "lm_head."),
+)
+
+
+class OmniRayQwen3OmniTalkerForCausalLM(Qwen3MoeForCausalLM):
+    """Talker backbone + codec head; per-step inputs come from ``omni_bridge`` (see module doc)."""
+
+    omni_bridge = None  # set by VllmTalkerRunner once the engine is up
+
+    def embed_input_ids(self, input_ids: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if self.omni_bridge is None:  # vLLM's warm-up / profiling runs
+            return super().embed_input_ids(input_ids)
+        return self.omni_bridge.decode_embeds(input_ids, super().embed_input_ids)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        logits = super().compute_logits(hidden_states)
+        if self.omni_bridge is None or logits is None:
+            return logits
+        return self.omni_bridge.on_logits(hidden_states, logits)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Take the talker's backbone and codec head out of a whole Qwen3-Omni checkpoint."""
+
+        def talker_only():
+            for name, tensor in weights:
+                for old, new in _RENAMES:
+                    if name.startswith(old):
+                        yield new + name[len(old):], tensor
+                        break
+
+        return super().load_weights(talker_only())
+
+
+class TalkerScheduler(Scheduler):
+    """vLLM's scheduler, minus running requests that ``omni_ready(request)`` says must wait.
+
+    A held request keeps its KV blocks and its place; it is simply not scheduled this step, as if
+    the token budget had run out before it (a state vLLM's scheduler handles every step)."""
+
+    omni_ready = None  # set by VllmTalkerRunner: Request -> bool
+
+    def schedule(self, *args, **kwargs):
+        ready = self.omni_ready
+        if ready is None:
+            return super().schedule(*args, **kwargs)
+        held = [r for r in self.running if not ready(r)]
+        if not held:
+            return super().schedule(*args, **kwargs)
+        held_ids = {id(r) for r in held}
+        self.running = [r for r in self.running if id(r) not in held_ids]
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            self.running = held + self.running

@@ -1,0 +1,378 @@
+"""Talker runner (vLLM backend): the talker's backbone batched in vLLM, the rest as in transformers.
+
+Same interface and same outputs as ``TalkerRunner``. vLLM runs the talker's Qwen3-MoE backbone and
+codec head (``omni_ray.models.vllm_talker``, registered through omni_ray's vLLM plugin) over all
+running requests at once, with paged KV; the inputs each step needs (prefill embeddings, the code
+predictor's 15 codebooks, the thinker's next text) are built by ``TalkerInputs`` from transformers'
+modules, exactly as for the transformers backbone, and handed to vLLM through ``_Bridge``:
+
+* prefill: ``EmbedsPrompt`` (the user turns + 9 assistant positions), once the first text token
+  is known;
+* decode: vLLM asks the model for the embeddings of each token-id row (the codebook-0 code it
+  sampled last step); the bridge maps rows to requests, runs the code predictor for the frame,
+  adds the projected text for this step, and keeps the frame for this runner to emit;
+* waiting: ``TalkerScheduler`` does not schedule a request whose next text is unknown. If one is
+  ever scheduled anyway, the bridge fails that request loudly instead of decoding on nothing.
+
+vLLM internals the bridge reads (vLLM 0.26; checked when the engine starts, and the parity tests in
+tests/vllm fail if their meaning moves): the engine core runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``); ``model_executor.driver_worker.worker.model_runner`` with
+``input_batch.req_ids`` / ``num_reqs`` (row order of the step's requests, vLLM's internal ids as
+``add_request`` returns them), ``query_start_loc.np`` (each request's rows) and ``is_token_ids.np``
+(rows fed by token id, not by prompt embedding); ``engine_core.engine_core.scheduler``; and
+``compute_logits`` receiving one hidden row per request in ``req_ids`` order. Async scheduling is
+off (the bridge needs last step's sampled code before it builds the next input).
+
+Limits: media prompts (talker mrope positions) are refused with an error naming this backend; the
+code predictor runs in PyTorch eager (batched on GPU), not in vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from omni_ray.config.sampling import SamplingParams
+from omni_ray.payload import FinishReason
+from omni_ray.runners.sampling import make_generator
+from omni_ray.runners.talker_inputs import TalkerInputs, TalkerSeq, TalkerStepOutput
+
+_FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH,
+                   "abort": FinishReason.ABORT}
+# Qwen3-MoE config fields vLLM reads, copied from the talker's text config.
+_BACKBONE_FIELDS = (
+    "hidden_size", "intermediate_size", "moe_intermediate_size", "num_experts_per_tok",
+    "norm_topk_prob", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "rms_norm_eps", "max_position_embeddings", "vocab_size", "hidden_act",
+    "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
+    "attention_bias",
+)
+
+
+class VllmTalkerRunner:
+    """Step loop over an in-process vLLM engine serving the talker's backbone."""
+
+    def __init__(self, model_dir: str | os.PathLike, talker, text_embedding, config, *,
+                 dtype: str = "float32", device: str = "cpu", max_num_seqs: int = 64,
+                 max_model_len: int = 4096, gpu_memory_utilization: float = 0.2,
+                 enforce_eager: bool = False, batch_code_predictor: bool | None = None,
+                 engine_kwargs: dict | None = None):
+        """``talker`` / ``text_embedding`` / ``config``: transformers' talker module (its backbone
+        layers are dropped here: vLLM holds its own copy), the thinker's token embedding table and
+        the checkpoint's ``Qwen3OmniMoeConfig``, as ``load_stage(model_dir, "talker")`` gives
+        them. ``engine_kwargs`` go to vLLM's ``EngineArgs`` and override the rest (e.g.
+        ``load_format: dummy`` for random weights)."""
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the bridge lives in this process
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        from omni_ray.models.vllm_plugin import register
+        from omni_ray.models.vllm_talker import TalkerScheduler
+        from omni_ray.runners.vllm_thinker import _no_torch_compile_on_cpu
+
+        register()
+        talker.model.layers = torch.nn.ModuleList()  # vLLM runs the backbone
+        self.cfg = config
+        self.device = device
+        self.inputs = TalkerInputs(talker, text_embedding, config, device)
+        self.num_code_groups = self.inputs.num_code_groups
+        self.max_num_seqs = max_num_seqs
+        self._dir = tempfile.TemporaryDirectory(prefix="omni_ray_talker_")
+        write_backbone_dir(Path(model_dir), Path(self._dir.name))
+        args = dict(
+            model=self._dir.name, dtype=dtype, max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager, skip_tokenizer_init=True, enable_prompt_embeds=True,
+            enable_prefix_caching=False, async_scheduling=False, scheduler_cls=TalkerScheduler,
+            generation_config="vllm", disable_log_stats=True,
+        )
+        args.update(engine_kwargs or {})
+        with _no_torch_compile_on_cpu(args["enforce_eager"]):
+            self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
+        self._dtype = getattr(torch, args["dtype"]) if isinstance(args["dtype"], str) else None
+        batch = (str(device).startswith("cuda") if batch_code_predictor is None
+                 else batch_code_predictor)
+        try:
+            core = self.engine.engine_core.engine_core
+            model_runner = self.engine.model_executor.driver_worker.worker.model_runner
+            model = model_runner.get_model()
+            scheduler = core.scheduler
+            model_runner.input_batch, model_runner.query_start_loc, model_runner.is_token_ids  # noqa: B018
+        except AttributeError as e:
+            raise RuntimeError("vLLM internals the talker bridge relies on have moved "
+                               f"({e}); see omni_ray/runners/vllm_talker.py") from e
+        if not isinstance(scheduler, TalkerScheduler) or not hasattr(model, "omni_bridge"):
+            raise RuntimeError("vLLM did not use omni_ray's talker model / scheduler")
+        self._bridge = _Bridge(self.inputs, model_runner, batch)
+        model.omni_bridge = self._bridge
+        scheduler.omni_ready = self._bridge.ready
+        self._seqs: dict[str, TalkerSeq] = {}
+        self._internal: dict[str, str] = {}  # our request id -> vLLM's, once added to vLLM
+
+    # -- request lifecycle -------------------------------------------------------------------
+    def add_request(self, request_id: str, speaker: str, params: SamplingParams,
+                    max_frames: int) -> None:
+        if request_id in self._seqs:
+            raise ValueError(f"duplicate request_id {request_id!r}")
+        self._seqs[request_id] = self.inputs.new_seq(request_id, speaker, params, max_frames,
+                                                     make_generator(params))
+
+    def push_text(self, request_id: str, token_ids: list[int], finished: bool,
+                  prompt_token_ids: list[int] | None = None,
+                  mm_hidden: torch.Tensor | None = None,
+                  image_grid_thw: torch.Tensor | None = None,
+                  audio_feature_lengths: torch.Tensor | None = None) -> None:
+        """Deliver thinker output; the first delivery carries the prompt."""
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            raise KeyError(request_id)
+        seq.deliver(token_ids, finished, prompt_token_ids, mm_hidden, image_grid_thw,
+                    audio_feature_lengths, self.cfg)
+
+    def abort(self, request_id: str) -> bool:
+        seq = self._seqs.pop(request_id, None)
+        internal = self._internal.pop(request_id, None)
+        if internal is not None:
+            self._bridge.seqs.pop(internal, None)
+            self.engine.abort_request([request_id])
+        return seq is not None
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    def has_ready(self) -> bool:
+        return any(s.ready() for s in self._seqs.values())
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._seqs)
+
+    def request_ids(self) -> list[str]:
+        return list(self._seqs)
+
+    # -- the step ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[TalkerStepOutput]:
+        outputs = self._admit()
+        if not self._internal:
+            return outputs
+        finished: dict[str, FinishReason] = {}
+        for out in self.engine.step():
+            seq = self._seqs.get(out.request_id)
+            if seq is None:  # aborted meanwhile
+                continue
+            completion = out.outputs[0]
+            seq.codec_ids.extend(int(t) for t in completion.token_ids)
+            if out.finished:
+                finished[out.request_id] = _FINISH_REASONS.get(completion.finish_reason,
+                                                               FinishReason.ERROR)
+        for rid, seq in list(self._seqs.items()):
+            frame = self._bridge.frames.pop(rid, None)
+            error = self._bridge.errors.pop(rid, None)
+            if frame is None and error is None and rid not in finished:
+                continue
+            frames = frame if frame is not None else torch.empty((0, self.num_code_groups),
+                                                                 dtype=torch.long)
+            if error is not None:
+                self.abort(rid)
+                outputs.append(TalkerStepOutput(rid, frames, True, FinishReason.ERROR, error))
+                continue
+            reason = finished.get(rid, FinishReason.NONE)
+            if reason != FinishReason.NONE:
+                self._forget(rid)
+            outputs.append(TalkerStepOutput(rid, frames, reason != FinishReason.NONE, reason))
+        return outputs
+
+    def _admit(self) -> list[TalkerStepOutput]:
+        """Add the requests whose prefill input is complete to vLLM (one prefill each)."""
+        from vllm.inputs import EmbedsPrompt
+
+        errors = []
+        for rid, seq in list(self._seqs.items()):
+            if rid in self._internal or not seq.ready():
+                continue
+            if len(self._internal) >= self.max_num_seqs:
+                break
+            try:
+                if seq.multimodal:
+                    raise ValueError("the vLLM talker does not take audio/image prompts yet "
+                                     "(talker.backend: transformers does)")
+                embeds = self.inputs.prefill_embeds(seq)[0].to("cpu", self._dtype)
+                internal = self.engine.add_request(
+                    rid, EmbedsPrompt(prompt_embeds=embeds),
+                    _vllm_sampling_params(seq.params, seq.max_frames + 1,
+                                          self.inputs.codec_eos))
+            except Exception as e:  # this request only
+                del self._seqs[rid]
+                errors.append(TalkerStepOutput(
+                    rid, torch.empty((0, self.num_code_groups), dtype=torch.long), True,
+                    FinishReason.ERROR, f"{type(e).__name__}: {e}"))
+                continue
+            seq.prefilled = True
+            self._internal[rid] = internal
+            self._bridge.seqs[internal] = seq
+        return errors
+
+    def _forget(self, request_id: str) -> None:
+        self._seqs.pop(request_id, None)
+        internal = self._internal.pop(request_id, None)
+        if internal is not None:
+            self._bridge.seqs.pop(internal, None)
+
+    def shutdown(self) -> None:
+        """Abort what is left and stop the engine core."""
+        for rid in list(self._seqs):
+            self.abort(rid)
+        self.engine.engine_core.shutdown()
+        self._dir.cleanup()
+
+
+class _Bridge:
+    """Per-step inputs for vLLM's talker model; its hooks run inside ``engine.step()``."""
+
+    def __init__(self, inputs: TalkerInputs, model_runner, batch_code_predictor: bool):
+        self.inputs = inputs
+        self.runner = model_runner
+        self.batch_code_predictor = batch_code_predictor
+        self.seqs: dict[str, TalkerSeq] = {}      # vLLM's request id -> state
+        self.frames: dict[str, torch.Tensor] = {}  # our request id -> frame made this step
+        self.errors: dict[str, str] = {}           # our request id -> why it failed this step
+        self._suppress = None
+
+    def ready(self, request) -> bool:
+        """Scheduler predicate: may ``request`` run this step?"""
+        seq = self.seqs.get(request.request_id)
+        if seq is None or request.num_computed_tokens < request.num_prompt_tokens:
+            return True  # not ours, or still in its prefill
+        return seq.ready() or seq.request_id in self.errors
+
+    def _rows(self) -> list[tuple[int, str]]:
+        """(request index, vLLM request id) of each token-id row of this step, in row order."""
+        batch = self.runner.input_batch
+        n = batch.num_reqs
+        starts = self.runner.query_start_loc.np[:n + 1]
+        is_token = self.runner.is_token_ids.np[:int(starts[n])] if n else ()
+        rows = []
+        for i, internal in enumerate(batch.req_ids[:n]):
+            rows += [(i, internal)] * int(is_token[int(starts[i]):int(starts[i + 1])].sum())
+        return rows
+
+    def decode_embeds(self, input_ids: torch.Tensor, embed_codes) -> torch.Tensor:
+        """[rows, D] inputs for the token-id rows: frame k-1's summed codebook embeddings plus
+        the projected text of step k; runs the code predictor and keeps frame k-1."""
+        rows = self._rows()
+        if not rows:  # warm-up / profiling: no requests of ours
+            return embed_codes(input_ids)
+        if len(rows) != input_ids.shape[0]:
+            raise RuntimeError(f"talker bridge: {input_ids.shape[0]} token rows, the batch "
+                               f"layout says {len(rows)} (vLLM internals moved?)")
+        ids = input_ids.tolist()
+        live = []
+        for (_, internal), token in zip(rows, ids):
+            seq = self.seqs.get(internal)
+            if seq is None:
+                raise RuntimeError(f"talker bridge: unknown request {internal!r} in the batch")
+            why = None
+            if not seq.codec_ids or token != seq.codec_ids[-1] or seq.past_hidden is None:
+                why = (f"vLLM fed code {token}, the last sampled was "
+                       f"{seq.codec_ids[-1] if seq.codec_ids else None}")
+            elif not seq.ready():
+                why = f"trailing text {seq.gen_step} not available (scheduled while waiting)"
+            if why is not None:
+                self.errors[seq.request_id] = f"RuntimeError: {seq.request_id}: {why}"
+            else:
+                live.append(seq)
+        residual = {}
+        if self.batch_code_predictor and len(live) > 1:
+            try:
+                residual = self.inputs.residual_codes_batch(live)
+            except Exception:  # one request at a time below isolates the failure
+                residual = {}
+        embeds = {}
+        for seq in live:
+            try:
+                frame, codec_embed = (residual.get(seq.request_id)
+                                      or self.inputs.residual_codes(seq))
+                embeds[seq.request_id] = codec_embed + self.inputs.trailing(seq, seq.gen_step)
+            except Exception as e:  # this request only: it fails, its row is zeros
+                self.errors[seq.request_id] = f"{type(e).__name__}: {e}"
+                continue
+            seq.gen_step += 1
+            self.frames[seq.request_id] = frame
+        like = embed_codes(input_ids[:1])
+        out = torch.zeros((len(rows), like.shape[-1]), dtype=like.dtype, device=like.device)
+        for r, (_, internal) in enumerate(rows):
+            e = embeds.get(self.seqs[internal].request_id)
+            if e is not None:
+                out[r] = e.reshape(-1).to(out.dtype)
+        return out
+
+    def on_logits(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Keep each request's last hidden state; suppress non-codec ids; repetition penalty."""
+        if self._suppress is None or self._suppress.device != logits.device:
+            self._suppress = self.inputs.suppress.to(logits.device)
+        logits[:, self._suppress] = float("-inf")
+        batch = self.runner.input_batch
+        n = batch.num_reqs
+        if n == 0 or hidden.shape[0] != n:  # warm-up / profiling
+            return logits
+        for i, internal in enumerate(batch.req_ids[:n]):
+            seq = self.seqs.get(internal)
+            if seq is None:
+                continue
+            seq.past_hidden = hidden[i].detach().view(1, 1, -1).clone()
+            penalty = seq.params.repetition_penalty
+            if penalty != 1.0 and seq.codec_ids:
+                idx = torch.tensor(sorted(set(seq.codec_ids)), device=logits.device)
+                picked = logits[i, idx]
+                logits[i, idx] = torch.where(picked < 0, picked * penalty, picked / penalty)
+        return logits
+
+
+def write_backbone_dir(model_dir: Path, out: Path) -> None:
+    """A checkpoint directory vLLM can load as the talker's backbone: a Qwen3-MoE config.json
+    from the talker's text config, and links to the safetensors files that hold ``talker.*``
+    weights (the model's ``load_weights`` keeps only those)."""
+    from omni_ray.models.vllm_plugin import TALKER_ARCHITECTURE
+
+    full = json.loads((model_dir / "config.json").read_text())
+    text = full["talker_config"]["text_config"]
+    cfg = {k: text[k] for k in _BACKBONE_FIELDS if k in text}
+    rope = text.get("rope_parameters") or {}
+    theta = rope.get("rope_theta", text.get("rope_theta", 1e6))
+    cfg.update(
+        architectures=[TALKER_ARCHITECTURE], model_type="qwen3_moe",
+        num_experts=text.get("num_experts", text.get("num_local_experts")),
+        # Text-only prompts have equal mrope rows: plain rope with the same theta is identical.
+        rope_parameters={"rope_type": "default", "rope_theta": theta}, rope_theta=theta,
+        tie_word_embeddings=False, dtype=full.get("dtype") or "float32",
+    )
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        wm = json.loads(index.read_text())["weight_map"]
+        wm = {k: v for k, v in wm.items() if k.startswith("talker.")}
+        (out / index.name).write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+        files = sorted(set(wm.values()))
+    else:
+        files = [p.name for p in model_dir.glob("*.safetensors")]
+    for f in files:
+        (out / f).symlink_to((model_dir / f).resolve())
+
+
+def _vllm_sampling_params(params: SamplingParams, max_tokens: int, codec_eos: int):
+    """Codebook 0's sampling in vLLM. The repetition penalty is applied by the model's
+    ``compute_logits`` (generated codes only, as transformers), so vLLM's is off."""
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VllmSamplingParams(
+        temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+        seed=None if params.greedy else params.seed, max_tokens=max_tokens,
+        stop_token_ids=[codec_eos], ignore_eos=False, detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
