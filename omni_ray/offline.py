@@ -88,6 +88,7 @@ class Omni:
         shared by tests) instead of building one; it must be idle and is not owned by ``Omni``."""
         self.model_dir = Path(model)
         self.pipeline = (pipeline or PipelineConfig()).model_copy(update={"mode": mode})
+        self._injected_thinker = thinker_runner
         self.thinker = (thinker_runner if thinker_runner is not None else make_thinker_runner(
             thinker_backend, model, device, dtype, max_num_seqs, thinker_engine_kwargs))
         self.talker = make_talker_runner(talker_backend, model, device, dtype, max_num_seqs,
@@ -112,6 +113,13 @@ class Omni:
         image}``, see ``omni_ray.inputs``); ``fields`` set the rest (speaker, max_tokens, ...)."""
         ids, mm = self.inputs.build(messages, raw_media=getattr(self.thinker, "needs_raw_media", False))
         return OmniRequest(request_id=request_id, prompt_token_ids=ids, mm=mm, **fields)
+
+    def shutdown(self) -> None:
+        """Stop the vLLM engines (if any) together: in-process vLLM engines share the process's
+        parallel state, which the first engine shutdown tears down for all of them."""
+        for runner in (self.talker, self.thinker):
+            if hasattr(runner, "shutdown") and runner is not self._injected_thinker:
+                runner.shutdown()
 
     def generate(self, requests: OmniRequest | list[OmniRequest]) -> list[OmniOutput]:
         """Run requests together (continuous batching); returns outputs in request order."""

@@ -118,11 +118,11 @@ def _with(path: str, value) -> dict:
     ("talker.dtype", "fp8", ["talker.dtype", "'bfloat16'"]),
     ("code2wav.deployment_config.num_replica", 2,
      ["code2wav.deployment_config", "unknown Serve deployment option(s) ['num_replica']"]),
-    ("talker.backend", "vllm", ["talker.backend"]),
+    ("code2wav.backend", "vllm", ["code2wav.backend"]),
     ("thinker.device", "gpu", ["thinker.device", "'cpu', 'cuda' or 'cuda:N'"]),
     ("thinker.engine_resources.num_gpu", 1, ["thinker.engine_resources.num_gpu"]),
 ], ids=["unknown-stage-option", "bad-mode", "bad-dtype", "unknown-deployment-config-key",
-        "vllm-talker", "bad-device", "unknown-engine-resource"])
+        "vllm-code2wav", "bad-device", "unknown-engine-resource"])
 def test_invalid_config_names_the_field(path, value, expected):
     with pytest.raises(ValidationError) as err:
         OmniServingArgs.model_validate(_with(path, value))

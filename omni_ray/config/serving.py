@@ -193,9 +193,9 @@ class OmniServingArgs(BaseModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "OmniServingArgs":
-        if self.talker.backend == "vllm" or self.code2wav.backend == "vllm":
-            raise ValueError("talker.backend / code2wav.backend: only 'transformers' is available "
-                             "for these stages so far (thinker.backend may be 'vllm')")
+        if self.code2wav.backend == "vllm":
+            raise ValueError("code2wav.backend: only 'transformers' (PyTorch, batched across "
+                             "requests) is available; thinker and talker may be 'vllm'")
         if self.limits.default_max_tokens > self.limits.max_tokens:
             raise ValueError("limits.default_max_tokens must be <= limits.max_tokens")
         if self.limits.default_max_audio_frames > self.limits.max_audio_frames:

@@ -243,8 +243,7 @@ def build_stage_logic(stage: str, model_dir: str, stage_cfg, pipeline: PipelineC
 
     from omni_ray.models.loading import load_stage
     from omni_ray.runners.code2wav import Code2WavRunner
-    from omni_ray.runners.factory import make_thinker_runner
-    from omni_ray.runners.talker import TalkerRunner
+    from omni_ray.runners.factory import make_talker_runner, make_thinker_runner
 
     dtype = getattr(torch, stage_cfg.dtype)
     if stage == "thinker":
@@ -255,10 +254,12 @@ def build_stage_logic(stage: str, model_dir: str, stage_cfg, pipeline: PipelineC
                                      stage_cfg.max_num_seqs, engine_kwargs, kv_transfer)
         return ThinkerLogic(runner, pipeline)
     if stage == "talker":
-        m = load_stage(model_dir, "talker", stage_cfg.device, dtype)
-        runner = TalkerRunner(m.module, m.text_embedding, m.config,
-                              max_num_seqs=stage_cfg.max_num_seqs, device=stage_cfg.device)
-        return TalkerLogic(runner, pipeline, m.config.talker_config.num_code_groups)
+        engine_kwargs = None
+        if stage_cfg.backend == "vllm":
+            engine_kwargs = {"max_model_len": max_model_len, **stage_cfg.engine_kwargs}
+        runner = make_talker_runner(stage_cfg.backend, model_dir, stage_cfg.device, dtype,
+                                    stage_cfg.max_num_seqs, engine_kwargs)
+        return TalkerLogic(runner, pipeline, runner.num_code_groups)
     if stage == "code2wav":
         m = load_stage(model_dir, "code2wav", stage_cfg.device, dtype)
         runner = Code2WavRunner(m.module, mode=pipeline.code2wav_mode,

@@ -1,0 +1,256 @@
+"""Tests for the vLLM talker (omni_ray/runners/vllm_talker.py, omni_ray/models/vllm_talker.py).
+
+Oracle: the transformers talker (``TalkerRunner``) and the transformers pipeline on the same
+tiny checkpoint, greedy. Two vLLM talker engines start here (~5-15 s each on CPU): one in a
+mixed pipeline (transformers thinker), one in an all-vLLM pipeline.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from omni_ray.config.sampling import SamplingParams
+from omni_ray.payload import FinishReason
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
+]
+GREEDY = SamplingParams()
+ENGINE_KWARGS = {"max_model_len": 2048, "max_num_batched_tokens": 256, "max_num_seqs": 8,
+                 "kv_cache_memory_bytes": 64 << 20}
+# (text, max_tokens, max_audio_frames): a one-token answer (only tts_eos to speak), answers
+# ending by length and by end of turn, one long enough to fill many frames.
+SPECS = [("Hi", 1, 12), ("Hi", 20, 60), ("Tell me a story about a cat.", 30, 90),
+         ("What is 2+2? " * 8, 6, 40)]
+
+
+def _requests(omni):
+    return [omni.request([{"role": "user", "content": t}], request_id=f"r{i}", max_tokens=n,
+                         max_audio_frames=f) for i, (t, n, f) in enumerate(SPECS)]
+
+
+def _run(omni, mode):
+    omni.pipeline = omni.pipeline.model_copy(update={"mode": mode})
+    return omni.generate(_requests(omni))
+
+
+def _assert_same(ref_outs, outs):
+    for a, b in zip(ref_outs, outs):
+        assert b.text_token_ids == a.text_token_ids, a.request_id
+        assert b.finish_reason == a.finish_reason, a.request_id
+        assert b.codec_frames.shape == a.codec_frames.shape, a.request_id
+        assert torch.equal(b.codec_frames, a.codec_frames), a.request_id
+        peak = float(a.audio.abs().max()) or 1.0
+        assert float((a.audio - b.audio).abs().max()) <= 1e-5 * peak, a.request_id
+
+
+@pytest.fixture(scope="module")
+def hf_omni(tiny_model_dir):
+    from omni_ray.offline import Omni
+
+    return Omni(tiny_model_dir, mode="sync")
+
+
+@pytest.fixture(scope="module")
+def mixed_omni(tiny_model_dir):
+    """transformers thinker, vLLM talker."""
+    from omni_ray.offline import Omni
+
+    omni = Omni(tiny_model_dir, mode="sync", talker_backend="vllm",
+                talker_engine_kwargs=ENGINE_KWARGS)
+    yield omni
+    omni.talker.shutdown()
+
+
+@pytest.fixture
+def talker(mixed_omni):
+    runner = mixed_omni.talker
+    assert not runner.has_unfinished(), "a previous test left requests in the shared engine"
+    yield runner
+    for rid in runner.request_ids():
+        runner.abort(rid)
+    runner.engine.engine_core.engine_core.scheduler.omni_ready = runner._bridge.ready
+
+
+@pytest.fixture(scope="module")
+def hf_talker(tiny_model_dir):
+    from omni_ray.runners.factory import make_talker_runner
+
+    return make_talker_runner("transformers", tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def thinker_out(hf_omni):
+    """Prompt and thinker text of each SPECS request (transformers thinker)."""
+    reqs = _requests(hf_omni)
+    outs = _run(hf_omni, "sync")
+    return [(r.request_id, r.prompt_token_ids, o.text_token_ids, r.max_audio_frames)
+            for r, o in zip(reqs, outs)]
+
+
+def _drive(runner, feeds, steps_between=0):
+    """Run ``feeds`` [(rid, prompt, text, max_frames)] to the end; text arrives one token per
+    ``steps_between`` steps when that is > 0 (the thinker behind the talker)."""
+    for rid, prompt, text, frames in feeds:
+        runner.add_request(rid, "ethan", GREEDY, frames)
+        first = text[:1] if steps_between else text
+        runner.push_text(rid, first, not steps_between or len(text) == 1,
+                         prompt_token_ids=prompt)
+    sent = {rid: (1 if steps_between else len(text)) for rid, _, text, _ in feeds}
+    got = {rid: [] for rid, *_ in feeds}
+    done = {}
+    step = 0
+    while runner.has_unfinished():
+        for o in runner.step():
+            got[o.request_id].append(o.frames)
+            if o.finished:
+                done[o.request_id] = (o.finish_reason, o.error)
+        step += 1
+        if steps_between and step % steps_between == 0:
+            for rid, _, text, _ in feeds:
+                if rid not in done and sent[rid] < len(text):
+                    runner.push_text(rid, text[sent[rid]:sent[rid] + 1], sent[rid] + 1 == len(text))
+                    sent[rid] += 1
+        assert step < 2000, "talker did not finish"
+    return {rid: torch.cat(f) if f else torch.empty(0, 16, dtype=torch.long)
+            for rid, f in got.items()}, done
+
+
+# -- the whole pipeline ------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["sync", "async_chunk"])
+def test_mixed_pipeline_equals_transformers(hf_omni, mixed_omni, mode):
+    """transformers thinker + vLLM talker + code2wav == the transformers pipeline: same text,
+    same codec frames, same audio, four requests decoded together."""
+    _assert_same(_run(hf_omni, mode), _run(mixed_omni, mode))
+
+
+# -- the runner --------------------------------------------------------------------------------
+def test_runner_frames_equal_transformers_talker(talker, hf_talker, thinker_out):
+    """All requests at once, all text known: frames and finish reasons == TalkerRunner's."""
+    ref, ref_done = _drive(hf_talker, thinker_out)
+    got, done = _drive(talker, thinker_out)
+    assert done == ref_done
+    for rid in ref:
+        assert torch.equal(got[rid], ref[rid]), rid
+    assert any(r == FinishReason.LENGTH for r, _ in done.values())
+
+
+def test_waits_for_text_and_never_decodes_without_it(talker, hf_talker, thinker_out):
+    """The thinker delivers one token every 3 talker steps: the talker waits (no frame, no
+    error) while the next text is unknown, and the frames equal the all-at-once ones."""
+    feeds = [f for f in thinker_out if len(f[2]) > 5]
+    ref, _ = _drive(hf_talker, feeds)
+    scheduler = talker.engine.engine_core.engine_core.scheduler
+    held = []
+    original = scheduler.omni_ready
+    scheduler.omni_ready = lambda r: held.append(not original(r)) or original(r)
+    got, done = _drive(talker, feeds, steps_between=3)
+    assert any(held), "the scheduler never had to hold a request back"
+    assert all(err is None for _, err in done.values()), done
+    for rid in ref:
+        assert torch.equal(got[rid], ref[rid]), rid
+
+
+def test_scheduling_without_text_fails_loudly(talker, hf_talker, thinker_out):
+    """Negative control: with the scheduler's guard off, the request whose text is missing is
+    scheduled, and it fails with an error (it is not decoded on nothing); the other request,
+    whose text is all there, is untouched."""
+    (rid_a, prompt_a, text_a, frames_a), (rid_b, prompt_b, text_b, frames_b) = thinker_out[1:3]
+    ref, _ = _drive(hf_talker, [(rid_a, prompt_a, text_a, frames_a)])
+    talker.engine.engine_core.engine_core.scheduler.omni_ready = None
+    talker.add_request(rid_a, "ethan", GREEDY, frames_a)
+    talker.push_text(rid_a, text_a, True, prompt_token_ids=prompt_a)
+    talker.add_request(rid_b, "ethan", GREEDY, frames_b)
+    talker.push_text(rid_b, text_b[:2], False, prompt_token_ids=prompt_b)  # thinker stalls
+    got, done = {rid_a: [], rid_b: []}, {}
+    while talker.has_unfinished():
+        for o in talker.step():
+            got[o.request_id].append(o.frames)
+            if o.finished:
+                done[o.request_id] = (o.finish_reason, o.error)
+    assert done[rid_b][0] == FinishReason.ERROR
+    assert "trailing text" in done[rid_b][1] and "not available" in done[rid_b][1]
+    assert done[rid_a][1] is None
+    assert torch.equal(torch.cat(got[rid_a]), ref[rid_a])
+    assert not talker._bridge.seqs and not talker.engine.has_unfinished_requests()
+
+
+def test_abort_mid_stream_leaves_nothing(talker, thinker_out):
+    rid, prompt, text, frames = thinker_out[2]
+    talker.add_request(rid, "ethan", GREEDY, frames)
+    talker.push_text(rid, text, True, prompt_token_ids=prompt)
+    produced = 0
+    while produced < 3:
+        produced += sum(o.frames.shape[0] for o in talker.step())
+    assert talker.abort(rid)
+    assert not talker.has_unfinished() and not talker._bridge.seqs
+    assert not talker.engine.has_unfinished_requests()
+    assert not talker.abort(rid)
+
+
+def test_media_prompt_is_refused_with_a_clear_error(talker, thinker_out):
+    rid, prompt, text, frames = thinker_out[1]
+    talker.add_request(rid, "ethan", GREEDY, frames)
+    talker.push_text(rid, text, True, prompt_token_ids=prompt,
+                     mm_hidden=torch.zeros(1, 32), audio_feature_lengths=torch.tensor([10]))
+    (out,) = talker.step()
+    assert out.finish_reason == FinishReason.ERROR and "vLLM talker" in out.error
+    assert not talker.has_unfinished()
+
+
+def test_sampling_gives_codec_ids_only(talker, thinker_out):
+    """Sampled (temperature, top-k, repetition penalty): codebook 0 never takes a suppressed
+    id, every code is in its codebook's range, and the run is reproducible with a seed."""
+    rid, prompt, text, frames = thinker_out[2]
+    params = SamplingParams(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05,
+                            seed=7)
+
+    def run(i):
+        talker.add_request(f"{rid}-{i}", "ethan", params, frames)
+        talker.push_text(f"{rid}-{i}", text, True, prompt_token_ids=prompt)
+        out = []
+        while talker.has_unfinished():
+            out += [o.frames for o in talker.step()]
+        return torch.cat(out)
+
+    a, b = run(0), run(1)
+    vocab = talker.cfg.talker_config.text_config.vocab_size
+    assert a.shape[0] > 0 and int(a[:, 0].max()) < vocab - 1024
+    assert int(a[:, 1:].max()) < talker.cfg.talker_config.code_predictor_config.vocab_size
+    assert torch.equal(a, b)
+
+
+def test_registered_through_vllms_plugin_entry_point():
+    """pyproject names omni_ray's register() under vllm.general_plugins; vLLM's own plugin
+    loader then knows the talker architecture."""
+    from importlib.metadata import entry_points
+
+    from vllm import ModelRegistry
+    from vllm.plugins import load_general_plugins
+
+    from omni_ray.models.vllm_plugin import TALKER_ARCHITECTURE
+
+    eps = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert eps.get("omni_ray") == "omni_ray.models.vllm_plugin:register"
+    load_general_plugins()
+    assert TALKER_ARCHITECTURE in ModelRegistry.get_supported_archs()
+
+
+def test_all_vllm_pipeline_equals_transformers(hf_omni, tiny_model_dir):
+    """Thinker and talker both on vLLM (two engines in one process), both modes. Last in this
+    file: engines in one process share vLLM's process-wide parallel state, which the first
+    shutdown tears down for all of them (``Omni.shutdown`` stops them together)."""
+    from omni_ray.offline import Omni
+
+    omni = Omni(tiny_model_dir, mode="sync", thinker_backend="vllm", talker_backend="vllm",
+                thinker_engine_kwargs=ENGINE_KWARGS, talker_engine_kwargs=ENGINE_KWARGS)
+    try:
+        for mode in ("sync", "async_chunk"):
+            _assert_same(_run(hf_omni, mode), _run(omni, mode))
+    finally:
+        omni.shutdown()
