@@ -219,3 +219,13 @@ def test_production_placement(tmp_path):
     assert engines["thinker"]["GPU"] == 1 and engines["thinker"]["thinker_gpu"] == 1
     assert engines["talker"]["GPU"] == engines["code2wav"]["GPU"] == 0.5
     assert engines["talker"]["speech_gpu"] == engines["code2wav"]["speech_gpu"] == 0.5
+
+
+def test_a_stage_given_without_default_sampling_keeps_the_stage_default():
+    """`talker: {backend: vllm}` must not silently drop the talker's repetition penalty."""
+    from omni_ray.config.sampling import TALKER_GREEDY, THINKER_GREEDY
+
+    args = OmniServingArgs.model_validate({"model": "/m", "talker": {"device": "cpu"},
+                                           "thinker": {"max_num_seqs": 4}})
+    assert args.talker.default_sampling == TALKER_GREEDY
+    assert args.thinker.default_sampling == THINKER_GREEDY

@@ -193,6 +193,12 @@ class OmniServingArgs(BaseModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "OmniServingArgs":
+        # A stage given as a dict without default_sampling keeps the stage's default (the
+        # talker's repetition penalty), as when the stage is left out entirely.
+        if self.thinker.default_sampling is None:
+            self.thinker.default_sampling = THINKER_GREEDY
+        if self.talker.default_sampling is None:
+            self.talker.default_sampling = TALKER_GREEDY
         if self.code2wav.backend == "vllm":
             raise ValueError("code2wav.backend: only 'transformers' (PyTorch, batched across "
                              "requests) is available; thinker and talker may be 'vllm'")

@@ -53,3 +53,50 @@ def test_text_answer_equals_the_transformers_app(vllm_url, serve_urls):
                       timeout=120).json()
     assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
     assert got["usage"] == want["usage"]
+
+
+# -- thinker and talker both on vLLM -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def all_vllm_url(serve_base_url, tiny_model_dir):
+    from ray import serve
+
+    from omni_ray import build_omni_app
+
+    args = app_args(tiny_model_dir, "async_chunk",
+                    thinker={"backend": "vllm", "engine_kwargs": ENGINE_KWARGS},
+                    talker={"backend": "vllm", "engine_kwargs": ENGINE_KWARGS})
+    serve.run(build_omni_app(args), name="omni-all-vllm", route_prefix="/allvllm")
+    yield f"{serve_base_url}/allvllm"
+    serve.delete("omni-all-vllm")
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "wav"])
+def test_all_vllm_app_speaks_like_the_transformers_pipeline(all_vllm_url, offline, stream):
+    """openai client -> Serve app with thinker and talker on vLLM: the same text and the same
+    audio (PCM16 within 1 LSB) as the transformers pipeline, streamed and not."""
+    from test_openai_e2e import ask as ask_text
+    from test_openai_e2e import offline_answer as offline_text_answer
+
+    ref_text, ref_pcm = offline_text_answer(offline["async_chunk"])
+    text, pcm, finish, _ = ask_text(all_vllm_url, stream=stream)
+    assert text == ref_text
+    assert pcm is not None and pcm.shape == ref_pcm.shape
+    assert np.abs(pcm.astype(int) - ref_pcm.astype(int)).max() <= 1
+    assert finish in ("stop", "length")
+    assert wait_clean(all_vllm_url, 10) == {}
+
+
+def test_all_vllm_app_refuses_spoken_answers_to_media_with_a_400(all_vllm_url):
+    """The vLLM talker takes text prompts only: audio input + audio answer is a 400 naming
+    `modalities`; the same input with a text answer works (the vLLM thinker takes media)."""
+    parts, _ = CASES["wav"]
+    body = {"model": "qwen3-omni", "max_tokens": 6, "modalities": ["text", "audio"],
+            "audio": {"voice": "ethan", "format": "wav"},
+            "messages": [{"role": "user", "content": parts}]}
+    r = httpx.post(f"{all_vllm_url}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "modalities"
+    body["modalities"] = ["text"]
+    body.pop("audio")
+    r = httpx.post(f"{all_vllm_url}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
