@@ -1,11 +1,13 @@
 """GPU runs of the offline pipeline: backend parity (tiny checkpoint) and real-size throughput.
 
 * ``--phase parity``: tiny checkpoint (made on the fly); the transformers-backend pipeline vs the same
-  pipeline with ``thinker_backend="vllm"`` (both bfloat16), and transformers bfloat16 vs float32,
-  over 3 prompts: same greedy text tokens? same codec frames? waveform max diff / peak.
+  pipeline with ``thinker_backend="vllm"``, with ``talker_backend="vllm"`` and with both (all
+  bfloat16), and transformers bfloat16 vs float32, over 3 prompts: same greedy text tokens? same
+  codec frames? waveform max diff / peak.
 * ``--phase realsize``: a Qwen3-Omni-30B-A3B-shaped config with random weights in bfloat16 on one
-  GPU: the thinker on vLLM (``load_format="dummy"``, CUDA graphs), talker and code2wav built from
-  the config with random init. Offline pipeline in async_chunk mode at concurrency 1/8/32, sync
+  GPU: the thinker on vLLM (``load_format="dummy"``, CUDA graphs), the talker's backbone on vLLM
+  (``--talker vllm``, dummy weights, CUDA graphs) or transformers, its code predictor and code2wav
+  built from the config with random init. Offline pipeline in async_chunk mode at concurrency 1/8/32, sync
   time to first audio at concurrency 1, and code2wav window vs stateful vocoder time.
 
 ``--device cpu --smoke`` runs both phases with tiny sizes and the transformers thinker (a check
@@ -37,6 +39,7 @@ from omni_ray.models.tokenizer import load_tokenizer
 from omni_ray.offline import Omni
 from omni_ray.runners.code2wav import Code2WavRunner
 from omni_ray.runners.talker import TalkerRunner
+from omni_ray.runners.vllm_talker import VllmTalkerRunner
 
 T_START = time.perf_counter()
 
@@ -124,13 +127,11 @@ def run_parity(args, out: Path) -> dict:
         log(f"{name}: build {t_build:.1f}s generate {t_gen:.2f}s "
             f"tokens {[len(o.text_token_ids) for o in outs]} frames "
             f"{[int(o.codec_frames.shape[0]) for o in outs]}")
-        shutdown = getattr(omni.thinker, "shutdown", None)
+        try:
+            omni.shutdown()
+        except Exception as e:  # noqa: BLE001
+            res["errors"].append(f"{name} shutdown: {e!r}")
         del omni
-        if shutdown:
-            try:
-                shutdown()
-            except Exception as e:  # noqa: BLE001
-                res["errors"].append(f"{name} shutdown: {e!r}")
         if str(device).startswith("cuda"):
             torch.cuda.empty_cache()
         return [(o.text_token_ids, o.codec_frames.cpu(), o.audio.float().cpu()) for o in outs]
@@ -165,11 +166,20 @@ def run_parity(args, out: Path) -> dict:
     specs = [("transformers_bf16", dict(dtype=torch.bfloat16, thinker_backend="transformers")),
              ("transformers_fp32", dict(dtype=torch.float32, thinker_backend="transformers"))]
     if not args.skip_vllm:
-        specs.insert(1, ("vllm_bf16", dict(
-            dtype=torch.bfloat16, thinker_backend="vllm",
-            thinker_engine_kwargs=dict(dtype="bfloat16" if device != "cpu" else "float32",
-                                       enforce_eager=True, gpu_memory_utilization=0.2,
-                                       max_model_len=4096))))
+        ekw = dict(dtype="bfloat16" if device != "cpu" else "float32", enforce_eager=True,
+                   gpu_memory_utilization=0.2, max_model_len=4096)
+        # the talker's vLLM engine with CUDA graphs (the path a GPU deployment takes)
+        tkw = dict(ekw, enforce_eager=device == "cpu", gpu_memory_utilization=0.1,
+                   kv_cache_memory_bytes=1 << 30)
+        specs[1:1] = [
+            ("vllm_bf16", dict(dtype=torch.bfloat16, thinker_backend="vllm",
+                               thinker_engine_kwargs=ekw)),
+            ("vllm_talker_bf16", dict(dtype=torch.bfloat16, talker_backend="vllm",
+                                      talker_engine_kwargs=tkw)),
+            ("vllm_both_bf16", dict(dtype=torch.bfloat16, thinker_backend="vllm",
+                                    thinker_engine_kwargs=ekw, talker_backend="vllm",
+                                    talker_engine_kwargs=tkw)),
+        ]
     for name, kw in specs:
         try:
             results[name] = run_one(name, **kw)
@@ -178,7 +188,9 @@ def run_parity(args, out: Path) -> dict:
             res["errors"].append(f"{name}: {e!r}")
         write_json(path, res)
     for a, b in [("transformers_bf16", "vllm_bf16"), ("transformers_bf16", "transformers_fp32"),
-                 ("vllm_bf16", "transformers_fp32")]:
+                 ("vllm_bf16", "transformers_fp32"), ("transformers_bf16", "vllm_talker_bf16"),
+                 ("vllm_talker_bf16", "transformers_fp32"), ("vllm_bf16", "vllm_both_bf16"),
+                 ("transformers_bf16", "vllm_both_bf16")]:
         if a in results and b in results:
             res["comparisons"][f"{a}_vs_{b}"] = compare(results[a], results[b])
             c = res["comparisons"][f"{a}_vs_{b}"]
@@ -266,7 +278,7 @@ def build_dummy_stages(cfg, device: str, dtype):
 
 
 def assemble_omni(model_dir, cfg, thinker, talker, emb, c2w, device, mode="async_chunk",
-                  max_num_seqs=64, code2wav_mode="window") -> Omni:
+                  max_num_seqs=64, code2wav_mode="window", talker_runner=None) -> Omni:
     """An ``Omni`` from ready modules (what ``Omni.__init__`` does after loading)."""
     omni = Omni.__new__(Omni)
     omni.model_dir = Path(model_dir)
@@ -274,7 +286,9 @@ def assemble_omni(model_dir, cfg, thinker, talker, emb, c2w, device, mode="async
     omni.thinker = thinker
     omni.config = cfg
     omni.tokenizer = load_tokenizer(model_dir)
-    omni.talker = TalkerRunner(talker, emb, cfg, max_num_seqs=max_num_seqs, device=device)
+    omni._injected_thinker = thinker
+    omni.talker = talker_runner or TalkerRunner(talker, emb, cfg, max_num_seqs=max_num_seqs,
+                                                device=device)
     omni.code2wav = Code2WavRunner(c2w, mode=code2wav_mode,
                                    left_context_frames=omni.pipeline.left_context_frames,
                                    device=device)
@@ -454,7 +468,22 @@ def run_realsize(args, out: Path) -> dict:
         res["mem_after_engine_gib"] = dict(free=round(free / 2**30, 1))
     write_json(path, res)
 
-    omni = assemble_omni(ckpt, cfg, thinker, talker, emb, c2w, device, max_num_seqs=max_seqs)
+    talker_runner = None
+    res["talker_backend"] = args.talker
+    if args.talker == "vllm":
+        t0 = time.perf_counter()
+        tkw = dict(dtype="bfloat16" if device != "cpu" else "float32", load_format="dummy",
+                   gpu_memory_utilization=0.1, kv_cache_memory_bytes=4 << 30,
+                   max_model_len=4096, enforce_eager=device == "cpu")
+        res["talker_engine_kwargs"] = tkw
+        log(f"starting the vLLM talker engine {tkw}")
+        talker_runner = VllmTalkerRunner(ckpt, talker, emb, cfg, device=device,
+                                         max_num_seqs=max_seqs, engine_kwargs=tkw)
+        res["talker_engine_start_s"] = round(time.perf_counter() - t0, 1)
+        log(f"talker engine ready in {res['talker_engine_start_s']}s")
+        write_json(path, res)
+    omni = assemble_omni(ckpt, cfg, thinker, talker, emb, c2w, device, max_num_seqs=max_seqs,
+                         talker_runner=talker_runner)
     timer = StageTimer(omni, device)
 
     def time_left():
@@ -512,10 +541,10 @@ def run_realsize(args, out: Path) -> dict:
     res["total_s"] = round(time.perf_counter() - T_START, 1)
     write_json(path, res)
     (out / "gpu_realsize.md").write_text(realsize_markdown(res))
-    shutdown = getattr(thinker, "shutdown", None)
-    if shutdown:
+    for runner in (talker_runner, thinker):
         try:
-            shutdown()
+            if runner is not None and hasattr(runner, "shutdown"):
+                runner.shutdown()
         except Exception:  # noqa: BLE001
             pass
     return res
@@ -618,6 +647,8 @@ def realsize_markdown(res: dict) -> str:
     lines = [f"# Real-size (30B-A3B-shaped, random weights) offline pipeline on "
              f"{info.get('gpu', info.get('device'))}", "",
              f"thinker backend {res.get('thinker_backend')}, engine start {res.get('engine_start_s')} s, "
+             f"talker backend {res.get('talker_backend', 'transformers')}"
+             f"{', engine start ' + str(res['talker_engine_start_s']) + ' s' if 'talker_engine_start_s' in res else ''}, "
              f"max_tokens {res.get('max_tokens')}, max_audio_frames {res.get('max_audio_frames')}", "",
              "| mode | C | wall s | thinker tok/s | talker frames/s | TTFA p50 s | TTFA p90 s | "
              "RTF p50 | audio s / s |", "|---|---|---|---|---|---|---|---|---|"]
@@ -652,6 +683,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-vllm", action="store_true", help="parity: transformers only")
     ap.add_argument("--thinker", choices=["vllm", "transformers"], default="vllm",
                     help="realsize thinker backend")
+    ap.add_argument("--talker", choices=["vllm", "transformers"], default="vllm",
+                    help="realsize talker backbone backend")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-audio-frames", type=int, default=150)

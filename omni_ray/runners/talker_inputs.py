@@ -183,6 +183,25 @@ class TalkerInputs:
         last = max(len(a) - 2 - ASSISTANT_HEADER, 0)  # step that speaks tts_eos
         return self.tts_eos if k == last else self.tts_pad
 
+    def trailing_batch(self, seqs: list[TalkerSeq]) -> torch.Tensor:
+        """[B, 1, D]: ``trailing(seq, seq.gen_step)`` for each request, with one projection of
+        all the text ids among them."""
+        rows, ids = [], []
+        for seq in seqs:
+            a, k = seq.stream, seq.gen_step
+            idx = ASSISTANT_HEADER + 1 + k
+            if idx < len(a) - 1 or not seq.text_finished:
+                if idx >= len(a) - 1:
+                    raise RuntimeError(f"{seq.request_id}: trailing text {k} not available")
+                rows.append(len(ids))
+                ids.append(a[idx])
+            else:
+                rows.append(self.tts_eos if k == max(len(a) - 2 - ASSISTANT_HEADER, 0)
+                            else self.tts_pad)
+        proj = self.project_text(ids)[0] if ids else None  # [n, D]
+        return torch.cat([r if isinstance(r, torch.Tensor) else proj[r:r + 1].unsqueeze(0)
+                          for r in rows], dim=0)
+
     def project_text(self, ids: list[int]) -> torch.Tensor:
         t = torch.tensor([ids], dtype=torch.long, device=self.device)
         return self.model.text_projection(self.embed_text(t))

@@ -293,16 +293,20 @@ class _Bridge:
             except Exception:  # one request at a time below isolates the failure
                 residual = {}
         embeds = {}
+        ok = []
         for seq in live:
             try:
-                frame, codec_embed = (residual.get(seq.request_id)
-                                      or self.inputs.residual_codes(seq))
-                embeds[seq.request_id] = codec_embed + self.inputs.trailing(seq, seq.gen_step)
+                got = residual.get(seq.request_id) or self.inputs.residual_codes(seq)
             except Exception as e:  # this request only: it fails, its row is zeros
                 self.errors[seq.request_id] = f"{type(e).__name__}: {e}"
                 continue
-            seq.gen_step += 1
-            self.frames[seq.request_id] = frame
+            ok.append((seq, got))
+        if ok:
+            text = self.inputs.trailing_batch([seq for seq, _ in ok])  # [n, 1, D]
+            for i, (seq, (frame, codec_embed)) in enumerate(ok):
+                embeds[seq.request_id] = codec_embed + text[i:i + 1]
+                seq.gen_step += 1
+                self.frames[seq.request_id] = frame
         like = embed_codes(input_ids[:1])
         out = torch.zeros((len(rows), like.shape[-1]), dtype=like.dtype, device=like.device)
         for r, (_, internal) in enumerate(rows):
@@ -320,16 +324,24 @@ class _Bridge:
         n = batch.num_reqs
         if n == 0 or hidden.shape[0] != n:  # warm-up / profiling
             return logits
+        rows, cols, penalties = [], [], []
         for i, internal in enumerate(batch.req_ids[:n]):
             seq = self.seqs.get(internal)
             if seq is None:
                 continue
-            seq.past_hidden = hidden[i].detach().view(1, 1, -1).clone()
+            seq.past_hidden = hidden[i:i + 1].detach().unsqueeze(0).clone()  # [1, 1, D]
             penalty = seq.params.repetition_penalty
             if penalty != 1.0 and seq.codec_ids:
-                idx = torch.tensor(sorted(set(seq.codec_ids)), device=logits.device)
-                picked = logits[i, idx]
-                logits[i, idx] = torch.where(picked < 0, picked * penalty, picked / penalty)
+                seen = sorted(set(seq.codec_ids))
+                rows += [i] * len(seen)
+                cols += seen
+                penalties += [penalty] * len(seen)
+        if rows:  # transformers' rule, one gather/scatter for the whole batch
+            r = torch.tensor(rows, device=logits.device)
+            c = torch.tensor(cols, device=logits.device)
+            p = torch.tensor(penalties, device=logits.device, dtype=logits.dtype)
+            picked = logits[r, c]
+            logits[r, c] = torch.where(picked < 0, picked * p, picked / p)
         return logits
 
 
