@@ -44,6 +44,7 @@ class OmniOutput:
     time_to_first_token: float | None = None
     time_to_first_audio: float | None = None
     latency: float | None = None
+    error: str | None = None  # why a stage failed this request ("talker: ..."), else None
 
     def summary(self) -> dict:
         return dict(
@@ -52,7 +53,7 @@ class OmniOutput:
             audio_samples=int(self.audio.numel()), sample_rate=self.sample_rate,
             audio_seconds=self.audio.numel() / self.sample_rate,
             time_to_first_token=self.time_to_first_token, time_to_first_audio=self.time_to_first_audio,
-            latency=self.latency,
+            latency=self.latency, error=self.error,
         )
 
 
@@ -73,6 +74,7 @@ class _Track:
     audio_done: bool = False
     ttft: float | None = None
     ttfa: float | None = None
+    error: str | None = None
 
 
 class Omni:
@@ -172,6 +174,8 @@ class Omni:
             t.text_ids.extend(out.new_token_ids)
             if out.finished:
                 t.text_done, t.reason = True, out.finish_reason
+            if getattr(out, "error", None):
+                t.error = t.error or f"thinker: {out.error}"
             if not t.req.wants_audio or t.talker_done:
                 continue  # text only, or the talker already finished (e.g. max_audio_frames)
             if out.mm is not None:
@@ -190,6 +194,8 @@ class Omni:
         for out in self.talker.step():
             t = tracks[out.request_id]
             t.talker_done = t.talker_done or out.finished
+            if out.error:
+                t.error = t.error or f"talker: {out.error}"
             for chunk in t.codec_chunker.add(out.frames, out.finished, out.finish_reason):
                 self._vocode(t, send_local(chunk))
         return True
@@ -214,5 +220,5 @@ class Omni:
             text=self.tokenizer.decode(t.text_ids, skip_special_tokens=True),
             text_token_ids=t.text_ids, finish_reason=t.reason, codec_frames=frames, audio=audio,
             audio_pieces=[p.numel() for p in t.audio], time_to_first_token=t.ttft,
-            time_to_first_audio=t.ttfa, latency=time.perf_counter() - t.t0,
+            time_to_first_audio=t.ttfa, latency=time.perf_counter() - t.t0, error=t.error,
         )

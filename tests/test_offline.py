@@ -46,3 +46,18 @@ def test_unservable_prompt_fails_cleanly(omni):
     with pytest.raises(ValueError, match="assistant"):
         omni.generate(r)
     assert _runner_ids(omni) == ([], [], [])
+
+
+def test_a_talker_failure_is_reported_on_the_output_not_swallowed(tiny_model_dir, monkeypatch):
+    """A request whose talker fails still returns its text, and says why it has no audio."""
+    from omni_ray.config.request import OmniRequest
+    from omni_ray.offline import Omni
+
+    omni = Omni(tiny_model_dir, mode="async_chunk")
+    monkeypatch.setattr(omni.talker.inputs, "assistant_part",
+                        lambda seq: (_ for _ in ()).throw(RuntimeError("boom")))
+    out = omni.generate(OmniRequest(request_id="x", prompt_token_ids=omni.prompt_ids("Hi"),
+                                    max_tokens=4, max_audio_frames=8))[0]
+    assert out.text_token_ids and out.codec_frames.shape[0] == 0
+    assert out.error == "talker: RuntimeError: boom"
+    assert out.summary()["error"] == out.error

@@ -178,8 +178,10 @@ def write_processor(out: Path) -> None:
     processor.save_pretrained(str(out))
 
 
-def make_tiny_checkpoint(out_dir: str | os.PathLike, seed: int = 0) -> Path:
-    """Write the tiny checkpoint to ``out_dir`` (created) and return its path."""
+def make_tiny_checkpoint(out_dir: str | os.PathLike, seed: int = 0, *,
+                         processor: bool = True) -> Path:
+    """Write the tiny checkpoint to ``out_dir`` (created) and return its path. ``processor``:
+    also the audio/image processor files (transformers' video processor needs torchvision)."""
     import torch
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
@@ -202,7 +204,8 @@ def make_tiny_checkpoint(out_dir: str | os.PathLike, seed: int = 0) -> Path:
         final.bias.mul_(AUDIO_GAIN)
     model.save_pretrained(out, safe_serialization=True)
     write_tokenizer(out)
-    write_processor(out)
+    if processor:
+        write_processor(out)
     return out
 
 

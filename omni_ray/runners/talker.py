@@ -81,7 +81,7 @@ class TalkerRunner:
         # 1) Code predictor for the decoding requests: one batch (same shapes for every request).
         residual = {}
         decoding = [s for s in ready if s.prefilled]
-        if self.batch_code_predictor and len(decoding) > 1:
+        if self.batch_code_predictor and decoding:
             try:
                 residual = self._residual_codes_batch(decoding)
             except Exception:  # fall back to one request at a time, which isolates the failure

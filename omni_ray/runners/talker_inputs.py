@@ -17,6 +17,7 @@ both build their inputs here, from the same transformers modules, so they see th
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +25,8 @@ import torch
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
 from omni_ray.runners.sampling import sample_token
+
+logger = logging.getLogger(__name__)
 
 ASSISTANT_HEADER = 3  # "<|im_start|>assistant\n"
 
@@ -104,7 +107,10 @@ class TalkerInputs:
     are used here. ``text_embedding`` is the thinker's token embedding table.
     """
 
-    def __init__(self, talker, text_embedding, config, device: str = "cpu"):
+    def __init__(self, talker, text_embedding, config, device: str = "cpu",
+                 cuda_graphs: bool | None = None):
+        """``cuda_graphs`` (default: on for CUDA devices): greedy batches of the code predictor
+        replay a CUDA graph (runners/code_predictor_graph.py) instead of ~75 eager forwards."""
         self.model = talker
         self.embed_text = text_embedding
         self.cfg = config                 # Qwen3OmniMoeConfig
@@ -122,6 +128,13 @@ class TalkerInputs:
                                      config.tts_pad_token_id]], device=device)
             proj = self.model.text_projection(self.embed_text(special))
             self.tts_bos, self.tts_eos, self.tts_pad = proj[:, 0:1], proj[:, 1:2], proj[:, 2:3]
+        if cuda_graphs is None:
+            cuda_graphs = str(device).startswith("cuda")
+        self.cp_graphs = None
+        if cuda_graphs:
+            from omni_ray.runners.code_predictor_graph import CodePredictorGraphs
+
+            self.cp_graphs = CodePredictorGraphs(talker, device, self.tts_pad.dtype)
 
     def new_seq(self, request_id: str, speaker: str, params: SamplingParams,
                 max_frames: int, generator) -> TalkerSeq:
@@ -233,6 +246,18 @@ class TalkerInputs:
         """``residual_codes`` for several requests in one batch: {request_id: (frame, embed)}."""
         from transformers import DynamicCache
 
+        if self.cp_graphs is not None and all(s.params.greedy for s in seqs):
+            past = torch.cat([s.past_hidden for s in seqs], dim=0)
+            code0 = torch.tensor([s.codec_ids[-1] for s in seqs], device=self.device)
+            try:
+                codes, embed_sum = self.cp_graphs(past, code0)
+            except Exception:  # capture failed: eager from now on, and say so once
+                logger.exception("code predictor CUDA graph failed; using eager PyTorch")
+                self.cp_graphs = None
+            else:
+                frames = codes.to("cpu", torch.long)
+                return {s.request_id: (frames[i:i + 1], embed_sum[i:i + 1])
+                        for i, s in enumerate(seqs)}
         cp = self.model.code_predictor
         last = torch.tensor([[s.codec_ids[-1]] for s in seqs], device=self.device)
         last_embed = self.model.get_input_embeddings()(last)                 # [B, 1, D]

@@ -242,6 +242,7 @@ class _Bridge:
         self.frames: dict[str, torch.Tensor] = {}  # our request id -> frame made this step
         self.errors: dict[str, str] = {}           # our request id -> why it failed this step
         self._suppress = None
+        self._dtype = inputs.tts_pad.dtype  # the code predictor's (vLLM's may differ on CPU)
 
     def ready(self, request) -> bool:
         """Scheduler predicate: may ``request`` run this step?"""
@@ -287,7 +288,7 @@ class _Bridge:
             else:
                 live.append(seq)
         residual = {}
-        if self.batch_code_predictor and len(live) > 1:
+        if self.batch_code_predictor and live:
             try:
                 residual = self.inputs.residual_codes_batch(live)
             except Exception:  # one request at a time below isolates the failure
@@ -329,7 +330,7 @@ class _Bridge:
             seq = self.seqs.get(internal)
             if seq is None:
                 continue
-            seq.past_hidden = hidden[i:i + 1].detach().unsqueeze(0).clone()  # [1, 1, D]
+            seq.past_hidden = hidden[i:i + 1].detach().unsqueeze(0).to(self._dtype)  # [1, 1, D]
             penalty = seq.params.repetition_penalty
             if penalty != 1.0 and seq.codec_ids:
                 seen = sorted(set(seq.codec_ids))

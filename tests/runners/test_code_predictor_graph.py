@@ -1,0 +1,75 @@
+"""The static (CUDA-graph-ready) code predictor == transformers' code predictor, greedy.
+
+runners/code_predictor_graph.py rewrites the 15-step loop with static shapes so it can be
+captured; here (CPU, eager) it must pick the same codes and the same summed embedding as
+``TalkerInputs.residual_codes_batch`` on transformers' module. The capture itself only runs on
+CUDA (benchmarks/gpu_run.py exercises it)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from omni_ray.config.sampling import SamplingParams
+from omni_ray.runners.code_predictor_graph import CodePredictorGraphs, greedy_codes
+from omni_ray.runners.talker_inputs import TalkerInputs, TalkerSeq
+
+
+@pytest.fixture(scope="module")
+def talker_parts(tiny_model_dir):
+    from omni_ray.models.loading import load_stage
+
+    return load_stage(tiny_model_dir, "talker")
+
+
+def _deeper(talker):
+    """The tiny talker with a 3-layer code predictor (random layers): covers the layer loop."""
+    from transformers import Qwen3OmniMoeTalkerForConditionalGeneration
+
+    cfg = copy.deepcopy(talker.config)
+    cfg.code_predictor_config.num_hidden_layers = 3
+    cfg.code_predictor_config.layer_types = ["full_attention"] * 3
+    torch.manual_seed(1)
+    deeper = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(cfg).eval()
+    with torch.no_grad():
+        for p in deeper.parameters():
+            if not torch.isfinite(p).all():
+                p.normal_(0, 0.02)
+    return deeper
+
+
+@pytest.mark.parametrize("deep", [False, True], ids=["tiny", "3-layer"])
+@pytest.mark.parametrize("batch", [1, 5])
+@torch.inference_mode()
+def test_static_code_predictor_equals_transformers(talker_parts, deep, batch):
+    talker = _deeper(talker_parts.module) if deep else talker_parts.module
+    inputs = TalkerInputs(talker, talker_parts.text_embedding, talker_parts.config)
+    gen = torch.Generator().manual_seed(batch)
+    hidden = talker.config.text_config.hidden_size
+    seqs = []
+    for i in range(batch):
+        s = TalkerSeq(f"r{i}", 2301, SamplingParams(), 10, None)
+        s.past_hidden = torch.randn(1, 1, hidden, generator=gen)
+        s.codec_ids = [int(torch.randint(0, 2048, (1,), generator=gen))]
+        seqs.append(s)
+    ref = inputs.residual_codes_batch(seqs)
+    cp = talker.code_predictor.model.config
+    kv = [(torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim),
+           torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim))
+          for _ in range(cp.num_hidden_layers)]
+    codes, embed_sum = greedy_codes(talker, torch.cat([s.past_hidden for s in seqs]),
+                                    torch.tensor([s.codec_ids[-1] for s in seqs]), kv)
+    for i, s in enumerate(seqs):
+        frame, emb = ref[s.request_id]
+        assert torch.equal(codes[i:i + 1], frame)
+        torch.testing.assert_close(embed_sum[i:i + 1], emb, atol=1e-5, rtol=1e-5)
+
+
+def test_graphs_are_off_on_cpu_and_refuse_to_capture_without_cuda(talker_parts):
+    inputs = TalkerInputs(talker_parts.module, talker_parts.text_embedding, talker_parts.config)
+    assert inputs.cp_graphs is None
+    graphs = CodePredictorGraphs(talker_parts.module, "cpu", torch.float32)
+    with pytest.raises((RuntimeError, AssertionError, AttributeError)):
+        graphs(torch.zeros(1, 1, 32), torch.zeros(1, dtype=torch.long))
