@@ -91,7 +91,9 @@ class VllmTalkerRunner:
             generation_config="vllm", disable_log_stats=True,
         )
         args.update(engine_kwargs or {})
-        with _no_torch_compile_on_cpu(args["enforce_eager"]):
+        from omni_ray.runners.vllm_process import shared_workspace
+
+        with _no_torch_compile_on_cpu(args["enforce_eager"]), shared_workspace():
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
         self._dtype = getattr(torch, args["dtype"]) if isinstance(args["dtype"], str) else None
         batch = (str(device).startswith("cuda") if batch_code_predictor is None

@@ -99,7 +99,9 @@ class VllmThinkerRunner:
         args.update(engine_kwargs or {})
         self.kv_transfer = kv_transfer
         self.max_num_seqs = args["max_num_seqs"]
-        with _no_torch_compile_on_cpu(args["enforce_eager"]):
+        from omni_ray.runners.vllm_process import shared_workspace
+
+        with _no_torch_compile_on_cpu(args["enforce_eager"]), shared_workspace():
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
         self._prompt_lens: dict[str, int] = {}  # running request id -> prompt length
         self._first: dict[str, int] = {}  # prefilled elsewhere: the token to emit first
