@@ -412,7 +412,7 @@ def run_realsize(args, out: Path) -> dict:
     deadline = T_START + args.time_budget
     res = dict(phase="realsize", info=device_info(device), errors=[], async_chunk={},
                skipped=[])
-    path = out / "gpu_realsize.json"
+    path = out / f"gpu_realsize{args.tag}.json"
     ckpt = Path(tempfile.mkdtemp(prefix="omni_real_")) / "ckpt"
     ckpt.mkdir(parents=True)
     cfg_dict = realsize_config(args.smoke)
@@ -485,6 +485,9 @@ def run_realsize(args, out: Path) -> dict:
         write_json(path, res)
     omni = assemble_omni(ckpt, cfg, thinker, talker, emb, c2w, device, max_num_seqs=max_seqs,
                          talker_runner=talker_runner)
+    if not args.cp_graphs:
+        omni.talker.inputs.cp_graphs = None
+    res["code_predictor_cuda_graphs"] = omni.talker.inputs.cp_graphs is not None
     timer = StageTimer(omni, device)
 
     def time_left():
@@ -541,7 +544,7 @@ def run_realsize(args, out: Path) -> dict:
             write_json(path, res)
     res["total_s"] = round(time.perf_counter() - T_START, 1)
     write_json(path, res)
-    (out / "gpu_realsize.md").write_text(realsize_markdown(res))
+    (out / f"gpu_realsize{args.tag}.md").write_text(realsize_markdown(res))
     for runner in (talker_runner, thinker):
         try:
             if runner is not None and hasattr(runner, "shutdown"):
@@ -650,6 +653,7 @@ def realsize_markdown(res: dict) -> str:
              f"thinker backend {res.get('thinker_backend')}, engine start {res.get('engine_start_s')} s, "
              f"talker backend {res.get('talker_backend', 'transformers')}"
              f"{', engine start ' + str(res['talker_engine_start_s']) + ' s' if 'talker_engine_start_s' in res else ''}, "
+             f"code predictor CUDA graphs {res.get('code_predictor_cuda_graphs')}, "
              f"max_tokens {res.get('max_tokens')}, max_audio_frames {res.get('max_audio_frames')}", "",
              "| mode | C | wall s | thinker tok/s | talker frames/s | TTFA p50 s | TTFA p90 s | "
              "RTF p50 | audio s / s |", "|---|---|---|---|---|---|---|---|---|"]
@@ -686,6 +690,9 @@ def main(argv=None) -> int:
                     help="realsize thinker backend")
     ap.add_argument("--talker", choices=["vllm", "transformers"], default="vllm",
                     help="realsize talker backbone backend")
+    ap.add_argument("--no-cp-graphs", dest="cp_graphs", action="store_false",
+                    help="realsize: the code predictor in eager PyTorch (A/B of its CUDA graphs)")
+    ap.add_argument("--tag", default="", help="suffix of the realsize result file names")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-audio-frames", type=int, default=150)
