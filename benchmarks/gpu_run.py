@@ -34,6 +34,7 @@ import torch
 
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.request import OmniRequest
+from omni_ray.config.sampling import SamplingParams
 from omni_ray.models.tiny import make_tiny_checkpoint, tiny_config_dict, write_tokenizer
 from omni_ray.models.tokenizer import load_tokenizer
 from omni_ray.offline import Omni
@@ -42,6 +43,8 @@ from omni_ray.runners.talker import TalkerRunner
 from omni_ray.runners.vllm_talker import VllmTalkerRunner
 
 T_START = time.perf_counter()
+SAMPLED_TALKER = False  # --talker-sampling: serve_configs/qwen3_omni.yaml's talker sampling
+TALKER_SAMPLING = SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05)
 # The checkpoints here carry no processor files (text prompts): the vLLM thinker skips them.
 TEXT_ONLY = dict(limit_mm_per_prompt={"image": 0, "video": 0, "audio": 0},
                  skip_tokenizer_init=True)
@@ -335,8 +338,9 @@ def make_prompts(omni: Omni, n: int) -> list[list[int]]:
 def run_batch(omni: Omni, timer: StageTimer, n: int, max_tokens: int, max_frames: int,
               device: str, tag: str) -> dict:
     prompts = make_prompts(omni, n)
+    extra = {"talker_sampling": TALKER_SAMPLING} if SAMPLED_TALKER else {}
     reqs = [OmniRequest(request_id=f"{tag}-{i}", prompt_token_ids=p, max_tokens=max_tokens,
-                        max_audio_frames=max_frames) for i, p in enumerate(prompts)]
+                        max_audio_frames=max_frames, **extra) for i, p in enumerate(prompts)]
     timer.reset()
     sync(device)
     t0 = time.perf_counter()
@@ -488,6 +492,7 @@ def run_realsize(args, out: Path) -> dict:
     if not args.cp_graphs:
         omni.talker.inputs.cp_graphs = None
     res["code_predictor_cuda_graphs"] = omni.talker.inputs.cp_graphs is not None
+    res["talker_sampling"] = TALKER_SAMPLING.model_dump() if SAMPLED_TALKER else "greedy"
     timer = StageTimer(omni, device)
 
     def time_left():
@@ -654,6 +659,7 @@ def realsize_markdown(res: dict) -> str:
              f"talker backend {res.get('talker_backend', 'transformers')}"
              f"{', engine start ' + str(res['talker_engine_start_s']) + ' s' if 'talker_engine_start_s' in res else ''}, "
              f"code predictor CUDA graphs {res.get('code_predictor_cuda_graphs')}, "
+             f"talker sampling {res.get('talker_sampling', 'greedy')}, "
              f"max_tokens {res.get('max_tokens')}, max_audio_frames {res.get('max_audio_frames')}", "",
              "| mode | C | wall s | thinker tok/s | talker frames/s | TTFA p50 s | TTFA p90 s | "
              "RTF p50 | audio s / s |", "|---|---|---|---|---|---|---|---|---|"]
@@ -692,6 +698,8 @@ def main(argv=None) -> int:
                     help="realsize talker backbone backend")
     ap.add_argument("--no-cp-graphs", dest="cp_graphs", action="store_false",
                     help="realsize: the code predictor in eager PyTorch (A/B of its CUDA graphs)")
+    ap.add_argument("--talker-sampling", action="store_true",
+                    help="realsize: sampled talker (qwen3_omni.yaml's), not greedy")
     ap.add_argument("--tag", default="", help="suffix of the realsize result file names")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -699,6 +707,8 @@ def main(argv=None) -> int:
     ap.add_argument("--time-budget", type=float, default=540,
                     help="realsize: seconds (from script start) before skipping further runs")
     args = ap.parse_args(argv)
+    global SAMPLED_TALKER
+    SAMPLED_TALKER = args.talker_sampling
     args.out.mkdir(parents=True, exist_ok=True)
     if args.smoke and args.device == "cpu":
         args.skip_vllm = True

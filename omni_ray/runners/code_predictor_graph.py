@@ -1,4 +1,4 @@
-"""The talker's code predictor as one CUDA graph per batch size (greedy decoding).
+"""The talker's code predictor as one CUDA graph per batch size.
 
 Per frame the code predictor runs 15 tiny sequential steps (one 2-token prefill, then one token
 per codebook) of a 5-layer decoder: about 75 small forwards, each dozens of kernel launches. In
@@ -7,9 +7,11 @@ the batch). Here the whole 15-step loop (embeddings, decoder layers, heads, argm
 with static shapes over a preallocated KV buffer, so it can be captured once per batch-size bucket
 and replayed with one launch.
 
-``greedy_codes`` is the same computation in plain PyTorch (used for the capture, and on CPU by
-the tests that check it against transformers' code predictor). Only greedy decoding: a sampled
-request takes transformers' path.
+``static_codes`` is the same computation in plain PyTorch (used for the capture, and on CPU by
+the tests that check it against transformers' code predictor). With ``sample=True`` each code is
+drawn the way transformers' ``generate`` draws the code predictor's (temperature 1, top-k 50,
+top-p 0.8) from the device's default generator (graph-safe); requests with a seed keep the eager
+path and their own generator, so seeded sampling stays reproducible.
 """
 
 from __future__ import annotations
@@ -18,13 +20,34 @@ import torch
 import torch.nn.functional as F
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+TOP_K, TOP_P = 50, 0.8  # transformers' code predictor sampling (see talker_inputs)
 
 
-def greedy_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
-                 kv: list[tuple[torch.Tensor, torch.Tensor]]):
-    """codes [B, G] (codebook 0 = ``code0``, 1..G-1 greedy) and the summed embedding [B, 1, D]
-    of the G codes, from ``past_hidden`` [B, 1, D] and ``code0`` [B]. ``kv``: per layer
-    (keys, values) buffers [B, kv_heads, G, head_dim], overwritten."""
+def top_k_top_p(logits: torch.Tensor, top_k: int = TOP_K, top_p: float = TOP_P) -> torch.Tensor:
+    """[B, V] logits with everything outside top-k, then outside top-p, set to -inf (the rule
+    of ``runners.sampling.sample_token``), in static shapes."""
+    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+    logits = logits.masked_fill(logits < kth, float("-inf"))
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
+    cum = sorted_logits.softmax(-1).cumsum(-1)
+    remove = cum <= (1 - top_p)
+    remove[:, -1] = False
+    return logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+
+
+def _pick(logits: torch.Tensor, sample: bool) -> torch.Tensor:
+    if not sample:
+        return logits.argmax(-1)
+    probs = top_k_top_p(logits.float()).softmax(-1)
+    # Exponential race: argmax(p / E), E ~ Exp(1), is a draw from p (no host sync, graph-safe).
+    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+
+
+def static_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
+                 kv: list[tuple[torch.Tensor, torch.Tensor]], sample: bool = False):
+    """codes [B, G] (codebook 0 = ``code0``, 1..G-1 greedy, or sampled if ``sample``) and the
+    summed embedding [B, 1, D] of the G codes, from ``past_hidden`` [B, 1, D] and ``code0`` [B].
+    ``kv``: per layer (keys, values) buffers [B, kv_heads, G, head_dim], overwritten."""
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
     cp = talker.code_predictor
@@ -58,7 +81,7 @@ def greedy_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
             h = r + attn.o_proj(o.transpose(1, 2).reshape(h.shape[0], length, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         h = model.norm(h)
-        code = cp.lm_head[step - 1](h[:, -1]).argmax(-1)               # [B]
+        code = _pick(cp.lm_head[step - 1](h[:, -1]), sample)           # [B]
         codes.append(code)
         emb = model.get_input_embeddings()[step - 1](code).unsqueeze(1)
         embed_sum = embed_sum + emb
@@ -68,7 +91,8 @@ def greedy_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
 
 
 class CodePredictorGraphs:
-    """``greedy_codes`` captured as a CUDA graph per batch bucket, on first use of the bucket."""
+    """``static_codes`` captured as a CUDA graph per (batch bucket, greedy or sampled); ``warm_up``
+    captures them ahead of traffic (a capture costs ~0.1-1 s)."""
 
     def __init__(self, talker, device: str, dtype: torch.dtype):
         cfg = talker.code_predictor.model.config
@@ -83,14 +107,21 @@ class CodePredictorGraphs:
         self._graphs: dict[int, tuple] = {}
         self._pool = None
 
-    def __call__(self, past_hidden: torch.Tensor, code0: torch.Tensor):
+    def warm_up(self, max_batch: int, sample: bool = False) -> None:
+        for b in BUCKETS:
+            if b > max_batch and b != BUCKETS[0]:
+                break
+            if (b, sample) not in self._graphs:
+                self._capture(b, sample)
+
+    def __call__(self, past_hidden: torch.Tensor, code0: torch.Tensor, sample: bool = False):
         n = past_hidden.shape[0]
         bucket = next((b for b in BUCKETS if b >= n), None)
         if bucket is None:  # bigger than the largest bucket: in pieces
-            parts = [self(past_hidden[i:i + BUCKETS[-1]], code0[i:i + BUCKETS[-1]])
+            parts = [self(past_hidden[i:i + BUCKETS[-1]], code0[i:i + BUCKETS[-1]], sample)
                      for i in range(0, n, BUCKETS[-1])]
             return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-        entry = self._graphs.get(bucket) or self._capture(bucket)
+        entry = self._graphs.get((bucket, sample)) or self._capture(bucket, sample)
         graph, hid, c0, codes, embed_sum = entry[:5]
         hid[:n].copy_(past_hidden)
         c0[:n].copy_(code0)
@@ -98,7 +129,7 @@ class CodePredictorGraphs:
         return codes[:n].clone(), embed_sum[:n].clone()
 
     @torch.inference_mode()
-    def _capture(self, bucket: int):
+    def _capture(self, bucket: int, sample: bool = False):
         hid = torch.zeros((bucket, 1, self.hidden), device=self.device, dtype=self.dtype)
         c0 = torch.zeros((bucket,), device=self.device, dtype=torch.long)
         kv = [(torch.zeros((bucket, *self.kv_shape), device=self.device, dtype=self.dtype),
@@ -108,11 +139,12 @@ class CodePredictorGraphs:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up (allocations, lazy inits) outside the graph
-                greedy_codes(self.talker, hid, c0, kv)
+                static_codes(self.talker, hid, c0, kv, sample)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            codes, embed_sum = greedy_codes(self.talker, hid, c0, kv)
+            codes, embed_sum = static_codes(self.talker, hid, c0, kv, sample)
         self._pool = graph.pool()
-        self._graphs[bucket] = (graph, hid, c0, codes, embed_sum, kv)  # kv: kept alive
-        return self._graphs[bucket]
+        entry = (graph, hid, c0, codes, embed_sum, kv)  # kv: kept alive with the graph
+        self._graphs[(bucket, sample)] = entry
+        return entry

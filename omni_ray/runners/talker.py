@@ -36,6 +36,7 @@ class TalkerRunner:
         self.batch_code_predictor = (str(device).startswith("cuda") if batch_code_predictor is None
                                      else batch_code_predictor)
         self._seqs: dict[str, _Seq] = {}
+        self.inputs.warm_up(max_num_seqs)
 
     # -- request lifecycle -------------------------------------------------------------------
     def add_request(self, request_id: str, speaker: str, params: SamplingParams,

@@ -136,6 +136,14 @@ class TalkerInputs:
 
             self.cp_graphs = CodePredictorGraphs(talker, device, self.tts_pad.dtype)
 
+    def warm_up(self, max_batch: int) -> None:
+        """Capture the code predictor's CUDA graphs (greedy and sampled) for batches up to
+        ``max_batch`` now, not under the first requests."""
+        if self.cp_graphs is not None:
+            with torch.inference_mode():
+                for sample in (False, True):
+                    self.cp_graphs.warm_up(max_batch, sample)
+
     def new_seq(self, request_id: str, speaker: str, params: SamplingParams,
                 max_frames: int, generator) -> TalkerSeq:
         speaker_id = self.speakers.get(speaker.lower())
@@ -246,11 +254,13 @@ class TalkerInputs:
         """``residual_codes`` for several requests in one batch: {request_id: (frame, embed)}."""
         from transformers import DynamicCache
 
-        if self.cp_graphs is not None and all(s.params.greedy for s in seqs):
+        greedy = all(s.params.greedy for s in seqs)
+        unseeded = all(not s.params.greedy and s.params.seed is None for s in seqs)
+        if self.cp_graphs is not None and (greedy or unseeded):
             past = torch.cat([s.past_hidden for s in seqs], dim=0)
             code0 = torch.tensor([s.codec_ids[-1] for s in seqs], device=self.device)
             try:
-                codes, embed_sum = self.cp_graphs(past, code0)
+                codes, embed_sum = self.cp_graphs(past, code0, sample=not greedy)
             except Exception:  # capture failed: eager from now on, and say so once
                 logger.exception("code predictor CUDA graph failed; using eager PyTorch")
                 self.cp_graphs = None

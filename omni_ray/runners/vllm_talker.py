@@ -112,6 +112,7 @@ class VllmTalkerRunner:
         self._bridge = _Bridge(self.inputs, model_runner, batch)
         model.omni_bridge = self._bridge
         scheduler.omni_ready = self._bridge.ready
+        self.inputs.warm_up(max_num_seqs)
         self._seqs: dict[str, TalkerSeq] = {}
         self._internal: dict[str, str] = {}  # our request id -> vLLM's, once added to vLLM
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from omni_ray.config.sampling import SamplingParams
-from omni_ray.runners.code_predictor_graph import CodePredictorGraphs, greedy_codes
+from omni_ray.runners.code_predictor_graph import CodePredictorGraphs, static_codes
 from omni_ray.runners.talker_inputs import TalkerInputs, TalkerSeq
 
 
@@ -59,7 +59,7 @@ def test_static_code_predictor_equals_transformers(talker_parts, deep, batch):
     kv = [(torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim),
            torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim))
           for _ in range(cp.num_hidden_layers)]
-    codes, embed_sum = greedy_codes(talker, torch.cat([s.past_hidden for s in seqs]),
+    codes, embed_sum = static_codes(talker, torch.cat([s.past_hidden for s in seqs]),
                                     torch.tensor([s.codec_ids[-1] for s in seqs]), kv)
     for i, s in enumerate(seqs):
         frame, emb = ref[s.request_id]
@@ -73,3 +73,34 @@ def test_graphs_are_off_on_cpu_and_refuse_to_capture_without_cuda(talker_parts):
     graphs = CodePredictorGraphs(talker_parts.module, "cpu", torch.float32)
     with pytest.raises((RuntimeError, AssertionError, AttributeError)):
         graphs(torch.zeros(1, 1, 32), torch.zeros(1, dtype=torch.long))
+
+
+def test_top_k_top_p_keeps_what_sample_token_keeps():
+    """The graph's filter == runners.sampling.sample_token's (top-k 50, then top-p 0.8)."""
+    from omni_ray.runners.code_predictor_graph import top_k_top_p
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 2048, generator=gen) * 3
+    got = torch.isfinite(top_k_top_p(logits))
+    for row in range(logits.shape[0]):
+        scores = logits[row].clone()  # sample_token's steps, temperature 1
+        kth = torch.topk(scores, 50).values[-1]
+        scores[scores < kth] = float("-inf")
+        sorted_scores, order = torch.sort(scores, descending=False)
+        remove = sorted_scores.softmax(-1).cumsum(-1) <= 0.2
+        remove[-1] = False
+        scores[order[remove]] = float("-inf")
+        assert torch.equal(got[row], torch.isfinite(scores)), row
+    assert 1 <= int(got.sum(-1).min()) and int(got.sum(-1).max()) <= 50
+
+
+def test_exponential_race_draws_from_the_filtered_distribution():
+    from omni_ray.runners.code_predictor_graph import _pick, top_k_top_p
+
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.5] + [-9.0] * 60])
+    want = top_k_top_p(logits).softmax(-1)[0, :4]
+    draws = torch.stack([_pick(logits, True) for _ in range(4000)]).flatten()
+    freq = torch.bincount(draws, minlength=64)[:4].float() / draws.numel()
+    assert int(draws.max()) < 4
+    assert torch.allclose(freq, want, atol=0.03), (freq, want)
