@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
-from omni_ray.runners.sampling import make_generator, sample_token
+from omni_ray.runners.sampling import sample_token
 from omni_ray.runners.talker_inputs import (  # noqa: F401 - re-exported
-    ASSISTANT_HEADER, TalkerInputs, TalkerSeq, TalkerStepOutput, user_positions)
+    ASSISTANT_HEADER, TalkerInputs, TalkerRequests, TalkerSeq, TalkerStepOutput, user_positions)
 
 _Seq = TalkerSeq
 
 
-class TalkerRunner:
+class TalkerRunner(TalkerRequests):
     """Step loop that owns the talker (with its code predictor)."""
 
     def __init__(self, talker, text_embedding, config, *, max_num_seqs: int = 64,
@@ -39,40 +38,8 @@ class TalkerRunner:
         self.inputs.warm_up(max_num_seqs)
 
     # -- request lifecycle -------------------------------------------------------------------
-    def add_request(self, request_id: str, speaker: str, params: SamplingParams,
-                    max_frames: int) -> None:
-        if request_id in self._seqs:
-            raise ValueError(f"duplicate request_id {request_id!r}")
-        self._seqs[request_id] = self.inputs.new_seq(request_id, speaker, params, max_frames,
-                                                     make_generator(params))
-
-    def push_text(self, request_id: str, token_ids: list[int], finished: bool,
-                  prompt_token_ids: list[int] | None = None,
-                  mm_hidden: torch.Tensor | None = None,
-                  image_grid_thw: torch.Tensor | None = None,
-                  audio_feature_lengths: torch.Tensor | None = None) -> None:
-        """Deliver thinker output; the first delivery carries the prompt."""
-        seq = self._seqs.get(request_id)
-        if seq is None:
-            raise KeyError(request_id)
-        seq.deliver(token_ids, finished, prompt_token_ids, mm_hidden, image_grid_thw,
-                    audio_feature_lengths, self.cfg)
-
     def abort(self, request_id: str) -> bool:
         return self._seqs.pop(request_id, None) is not None
-
-    def has_unfinished(self) -> bool:
-        return bool(self._seqs)
-
-    def has_ready(self) -> bool:
-        return any(s.ready() for s in self._seqs.values())
-
-    @property
-    def num_requests(self) -> int:
-        return len(self._seqs)
-
-    def request_ids(self) -> list[str]:
-        return list(self._seqs)
 
     # -- the step ------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -24,7 +24,7 @@ import torch
 
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
-from omni_ray.runners.sampling import sample_token
+from omni_ray.runners.sampling import make_generator, sample_token
 
 logger = logging.getLogger(__name__)
 
@@ -299,6 +299,46 @@ class TalkerInputs:
         if seq.gen_step >= seq.max_frames:
             return FinishReason.LENGTH
         return FinishReason.NONE
+
+
+class TalkerRequests:
+    """The request table both talker runners keep (``self._seqs``, ``self.inputs``, ``self.cfg``
+    are set by the runner): add, deliver text, query. Aborting and stepping are the backend's."""
+
+    _seqs: dict[str, TalkerSeq]
+    inputs: TalkerInputs
+
+    def add_request(self, request_id: str, speaker: str, params: SamplingParams,
+                    max_frames: int) -> None:
+        if request_id in self._seqs:
+            raise ValueError(f"duplicate request_id {request_id!r}")
+        self._seqs[request_id] = self.inputs.new_seq(request_id, speaker, params, max_frames,
+                                                     make_generator(params))
+
+    def push_text(self, request_id: str, token_ids: list[int], finished: bool,
+                  prompt_token_ids: list[int] | None = None,
+                  mm_hidden: torch.Tensor | None = None,
+                  image_grid_thw: torch.Tensor | None = None,
+                  audio_feature_lengths: torch.Tensor | None = None) -> None:
+        """Deliver thinker output; the first delivery carries the prompt."""
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            raise KeyError(request_id)
+        seq.deliver(token_ids, finished, prompt_token_ids, mm_hidden, image_grid_thw,
+                    audio_feature_lengths, self.cfg)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    def has_ready(self) -> bool:
+        return any(s.ready() for s in self._seqs.values())
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._seqs)
+
+    def request_ids(self) -> list[str]:
+        return list(self._seqs)
 
 
 def code_predictor_params(params: SamplingParams) -> SamplingParams:

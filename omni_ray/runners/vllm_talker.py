@@ -38,8 +38,8 @@ import torch
 
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
-from omni_ray.runners.sampling import make_generator
-from omni_ray.runners.talker_inputs import TalkerInputs, TalkerSeq, TalkerStepOutput
+from omni_ray.runners.talker_inputs import (TalkerInputs, TalkerRequests, TalkerSeq,
+                                             TalkerStepOutput)
 
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH,
                    "abort": FinishReason.ABORT}
@@ -53,7 +53,7 @@ _BACKBONE_FIELDS = (
 )
 
 
-class VllmTalkerRunner:
+class VllmTalkerRunner(TalkerRequests):
     """Step loop over an in-process vLLM engine serving the talker's backbone."""
 
     def __init__(self, model_dir: str | os.PathLike, talker, text_embedding, config, *,
@@ -117,25 +117,6 @@ class VllmTalkerRunner:
         self._internal: dict[str, str] = {}  # our request id -> vLLM's, once added to vLLM
 
     # -- request lifecycle -------------------------------------------------------------------
-    def add_request(self, request_id: str, speaker: str, params: SamplingParams,
-                    max_frames: int) -> None:
-        if request_id in self._seqs:
-            raise ValueError(f"duplicate request_id {request_id!r}")
-        self._seqs[request_id] = self.inputs.new_seq(request_id, speaker, params, max_frames,
-                                                     make_generator(params))
-
-    def push_text(self, request_id: str, token_ids: list[int], finished: bool,
-                  prompt_token_ids: list[int] | None = None,
-                  mm_hidden: torch.Tensor | None = None,
-                  image_grid_thw: torch.Tensor | None = None,
-                  audio_feature_lengths: torch.Tensor | None = None) -> None:
-        """Deliver thinker output; the first delivery carries the prompt."""
-        seq = self._seqs.get(request_id)
-        if seq is None:
-            raise KeyError(request_id)
-        seq.deliver(token_ids, finished, prompt_token_ids, mm_hidden, image_grid_thw,
-                    audio_feature_lengths, self.cfg)
-
     def abort(self, request_id: str) -> bool:
         seq = self._seqs.pop(request_id, None)
         internal = self._internal.pop(request_id, None)
@@ -143,19 +124,6 @@ class VllmTalkerRunner:
             self._bridge.seqs.pop(internal, None)
             self.engine.abort_request([request_id])
         return seq is not None
-
-    def has_unfinished(self) -> bool:
-        return bool(self._seqs)
-
-    def has_ready(self) -> bool:
-        return any(s.ready() for s in self._seqs.values())
-
-    @property
-    def num_requests(self) -> int:
-        return len(self._seqs)
-
-    def request_ids(self) -> list[str]:
-        return list(self._seqs)
 
     # -- the step ------------------------------------------------------------------------------
     @torch.inference_mode()

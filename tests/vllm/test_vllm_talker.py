@@ -11,6 +11,7 @@ import importlib.util
 
 import pytest
 import torch
+from vllm_helpers import idle_runner
 
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
@@ -70,10 +71,7 @@ def mixed_omni(tiny_model_dir):
 @pytest.fixture
 def talker(mixed_omni):
     runner = mixed_omni.talker
-    assert not runner.has_unfinished(), "a previous test left requests in the shared engine"
-    yield runner
-    for rid in runner.request_ids():
-        runner.abort(rid)
+    yield from idle_runner(runner)
     runner.engine.engine_core.engine_core.scheduler.omni_ready = runner._bridge.ready
 
 

@@ -10,6 +10,7 @@ import importlib.util
 
 import pytest
 import torch
+from vllm_helpers import idle_runner
 
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.sampling import SamplingParams
@@ -44,11 +45,7 @@ def vllm_omni(tiny_model_dir):
 
 @pytest.fixture
 def vllm_runner(vllm_omni):
-    runner = vllm_omni.thinker
-    assert not runner.has_unfinished(), "a previous test left requests in the shared engine"
-    yield runner
-    for rid in runner.request_ids():
-        runner.abort(rid)
+    yield from idle_runner(vllm_omni.thinker)
 
 
 @pytest.fixture(scope="module")
