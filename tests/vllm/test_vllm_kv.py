@@ -7,25 +7,19 @@ other backend. The KV travels in the portable layout, so vLLM <-> transformers h
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
+from vllm_helpers import SMALL_ENGINE, VLLM_TESTS
 
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
 from omni_ray.runners.factory import make_thinker_runner
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
-]
+pytestmark = VLLM_TESTS
 GREEDY = SamplingParams()
 # No prefix caching: every hand-off must load its KV (a local cache hit would hide a bad load).
 # max_num_batched_tokens 256: the 500-token prompt is prefilled in chunks over steps.
-ENGINE_KWARGS = {"max_model_len": 2048, "max_num_batched_tokens": 256, "max_num_seqs": 8,
-                 "kv_cache_memory_bytes": 64 << 20, "enable_prefix_caching": False}
+ENGINE_KWARGS = {**SMALL_ENGINE, "enable_prefix_caching": False}
 TEXTS = ["Hi", "Tell me a story about cats and dogs " * 3,
          "Count: " + " ".join(str(i) for i in range(150))]
 

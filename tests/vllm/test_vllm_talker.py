@@ -7,23 +7,16 @@ mixed pipeline (transformers thinker), one in an all-vLLM pipeline.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
-from vllm_helpers import idle_runner
+from vllm_helpers import SMALL_ENGINE, VLLM_TESTS, idle_runner
 
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
-]
+pytestmark = VLLM_TESTS
 GREEDY = SamplingParams()
-ENGINE_KWARGS = {"max_model_len": 2048, "max_num_batched_tokens": 256, "max_num_seqs": 8,
-                 "kv_cache_memory_bytes": 64 << 20}
+ENGINE_KWARGS = SMALL_ENGINE
 # (text, max_tokens, max_audio_frames): a one-token answer (only tts_eos to speak), answers
 # ending by length and by end of turn, one long enough to fill many frames.
 SPECS = [("Hi", 1, 12), ("Hi", 20, 60), ("Tell me a story about a cat.", 30, 90),
@@ -65,7 +58,7 @@ def mixed_omni(tiny_model_dir):
     omni = Omni(tiny_model_dir, mode="sync", talker_backend="vllm",
                 talker_engine_kwargs=ENGINE_KWARGS)
     yield omni
-    omni.talker.shutdown()
+    omni.shutdown()
 
 
 @pytest.fixture

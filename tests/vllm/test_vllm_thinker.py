@@ -6,26 +6,18 @@ every test here; the oracle is the transformers ``ThinkerRunner`` on the same ti
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
-from vllm_helpers import idle_runner
+from vllm_helpers import SMALL_ENGINE, VLLM_TESTS, idle_runner
 
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
 from omni_ray.runners.factory import make_thinker_runner
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
-]
+pytestmark = VLLM_TESTS
 GREEDY = SamplingParams()
-# Small engine for the tiny model: short warm-up (max_num_batched_tokens) and a small KV cache.
-ENGINE_KWARGS = {"max_model_len": 2048, "max_num_batched_tokens": 256, "max_num_seqs": 8,
-                 "kv_cache_memory_bytes": 128 << 20}
+ENGINE_KWARGS = {**SMALL_ENGINE, "kv_cache_memory_bytes": 128 << 20}
 # The last prompt is longer than max_num_batched_tokens: vLLM prefills it in chunks over steps.
 TEXTS = ["Hi", "Tell me a story about a cat and a dog who become friends.", "What is 2+2? " * 20,
          "Count: " + " ".join(str(i) for i in range(150))]
