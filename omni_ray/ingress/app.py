@@ -211,11 +211,6 @@ class OmniIngress:
         if not any(m["role"] == "user" for m in messages):
             raise bad_request("messages: at least one user message is required", "messages")
         prompt_ids, mm = await asyncio.to_thread(self._prompt, messages)
-        if mm is not None and "audio" in modalities and self.args.talker.backend == "vllm":
-            raise bad_request("modalities: spoken answers to audio/image input need "
-                              "talker.backend 'transformers' (the vLLM talker takes text "
-                              "prompts only so far); ask for modalities ['text']", "modalities",
-                              code="unsupported_content")
         max_tokens = body.max_completion_tokens or body.max_tokens or lim.default_max_tokens
         if max_tokens > lim.max_tokens:
             raise bad_request(f"max_tokens: {max_tokens} is over limits.max_tokens={lim.max_tokens}",

@@ -23,6 +23,7 @@ the thinker is behind), so vLLM never decodes a talker step on missing input.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar, Literal
 
 import torch
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -39,9 +40,18 @@ _RENAMES = (
 
 
 class OmniRayQwen3OmniTalkerForCausalLM(Qwen3MoeForCausalLM):
-    """Talker backbone + codec head; per-step inputs come from ``omni_bridge`` (see module doc)."""
+    """Talker backbone + codec head; per-step inputs come from ``omni_bridge`` (see module doc).
+
+    The talker uses 3-D (mrope) positions. Text-only prompts get three equal rows here; a
+    multimodal prompt's rows come from the runner (transformers' ``get_rope_index`` on the
+    prompt's layout), which hands them to vLLM's model runner for that request."""
 
     omni_bridge = None  # set by VllmTalkerRunner once the engine is up
+    supports_mrope: ClassVar[Literal[True]] = True
+
+    def get_mrope_input_positions(self, input_tokens, mm_features):
+        n = len(input_tokens)
+        return torch.arange(n).view(1, -1).expand(3, -1).clone(), 0
 
     def embed_input_ids(self, input_ids: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if self.omni_bridge is None:  # vLLM's warm-up / profiling runs

@@ -103,15 +103,7 @@ class TalkerRunner(TalkerRequests):
     def _mm_positions(self, seq: _Seq, assistant_len: int) -> torch.Tensor | None:
         """3-D mrope positions of a multimodal prompt (user turns + assistant part), as
         transformers' talker computes them; sets the decode offset ``rope_delta``."""
-        if not seq.multimodal:
-            return None
-        user_ids = [seq.prompt_ids[p] for p in user_positions(seq.prompt_ids, self.cfg)]
-        ids = torch.tensor([user_ids + [self.cfg.tts_pad_token_id] * assistant_len])
-        rope, delta = self.model.get_rope_index(ids, seq.image_grid_thw, None,
-                                                torch.ones_like(ids), False,
-                                                seq.audio_feature_lengths)
-        seq.rope_delta = int(delta.reshape(-1)[0])
-        return rope.to(self.device)
+        return self.inputs.mm_positions(seq, assistant_len)
 
     def _decode(self, seq: _Seq, residual=None) -> torch.Tensor:
         k = seq.gen_step

@@ -192,6 +192,20 @@ class TalkerInputs:
                            self.model.get_input_embeddings()(codec_ids)], dim=1)
         return text + codec
 
+    def mm_positions(self, seq: TalkerSeq, assistant_len: int) -> torch.Tensor | None:
+        """3-D mrope positions [3, 1, L] of a multimodal prompt (user turns + assistant part),
+        as transformers' talker computes them; sets the decode offset ``seq.rope_delta``.
+        None for a text-only prompt (its three rows would equal the 1-D positions)."""
+        if not seq.multimodal:
+            return None
+        user_ids = [seq.prompt_ids[p] for p in user_positions(seq.prompt_ids, self.cfg)]
+        ids = torch.tensor([user_ids + [self.cfg.tts_pad_token_id] * assistant_len])
+        rope, delta = self.model.get_rope_index(ids, seq.image_grid_thw, None,
+                                                torch.ones_like(ids), False,
+                                                seq.audio_feature_lengths)
+        seq.rope_delta = int(delta.reshape(-1)[0])
+        return rope.to(self.device)
+
     # -- decode ----------------------------------------------------------------------------------
     def trailing(self, seq: TalkerSeq, k: int) -> torch.Tensor:
         """[1, 1, D]: the projected text part of decode step ``k``'s input."""

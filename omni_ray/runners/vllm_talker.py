@@ -23,8 +23,10 @@ tests/vllm fail if their meaning moves): the engine core runs in this process
 ``compute_logits`` receiving one hidden row per request in ``req_ids`` order. Async scheduling is
 off (the bridge needs last step's sampled code before it builds the next input).
 
-Limits: media prompts (talker mrope positions) are refused with an error naming this backend; the
-code predictor runs in PyTorch eager (batched on GPU), not in vLLM.
+Multimodal prompts: the talker's 3-D (mrope) positions come from transformers' ``get_rope_index``
+(``TalkerInputs.mm_positions``) and reach vLLM through a wrapper on the model runner's
+``_init_mrope_positions`` (one more internal); text-only prompts use the model's equal rows. The
+code predictor runs in PyTorch (CUDA graphs on GPU), not in vLLM's forward.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class VllmTalkerRunner(TalkerRequests):
         self._bridge = _Bridge(self.inputs, model_runner, batch)
         model.omni_bridge = self._bridge
         scheduler.omni_ready = self._bridge.ready
+        self._positions_hook(model_runner)
         self.inputs.warm_up(max_num_seqs)
         self._seqs: dict[str, TalkerSeq] = {}
         self._internal: dict[str, str] = {}  # our request id -> vLLM's, once added to vLLM
@@ -122,6 +125,7 @@ class VllmTalkerRunner(TalkerRequests):
         internal = self._internal.pop(request_id, None)
         if internal is not None:
             self._bridge.seqs.pop(internal, None)
+            self._bridge.positions.pop(internal, None)
             self.engine.abort_request([request_id])
         return seq is not None
 
@@ -169,10 +173,11 @@ class VllmTalkerRunner(TalkerRequests):
             if len(self._internal) >= self.max_num_seqs:
                 break
             try:
-                if seq.multimodal:
-                    raise ValueError("the vLLM talker does not take audio/image prompts yet "
-                                     "(talker.backend: transformers does)")
-                embeds = self.inputs.prefill_embeds(seq)[0].to("cpu", self._dtype)
+                assistant = self.inputs.assistant_part(seq)
+                user = self.inputs.user_part(seq)
+                embeds = torch.cat([user, assistant], dim=1) if user is not None else assistant
+                rope = self.inputs.mm_positions(seq, assistant.shape[1])  # [3, 1, L] or None
+                embeds = embeds[0].to("cpu", self._dtype)
                 internal = self.engine.add_request(
                     rid, EmbedsPrompt(prompt_embeds=embeds),
                     _vllm_sampling_params(seq.params, seq.max_frames + 1,
@@ -186,13 +191,34 @@ class VllmTalkerRunner(TalkerRequests):
             seq.prefilled = True
             self._internal[rid] = internal
             self._bridge.seqs[internal] = seq
+            if rope is not None:  # vLLM's runner takes them when the request joins a batch
+                self._bridge.positions[internal] = (rope[:, 0].to("cpu"), seq.rope_delta)
         return errors
+
+    def _positions_hook(self, model_runner) -> None:
+        """A multimodal request's 3-D positions (and decode offset) are ours, not the model's
+        text-only default: wrap the model runner's ``_init_mrope_positions`` (called once per
+        new request, with its ``req_id``) to take them from the bridge."""
+        original = getattr(model_runner, "_init_mrope_positions", None)
+        if original is None:
+            raise RuntimeError("vLLM internals the talker relies on have moved "
+                               "(GPUModelRunner._init_mrope_positions)")
+        positions = self._bridge.positions
+
+        def init_mrope_positions(req_state):
+            given = positions.pop(req_state.req_id, None)
+            if given is None:
+                return original(req_state)
+            req_state.mrope_positions, req_state.mrope_position_delta = given
+
+        model_runner._init_mrope_positions = init_mrope_positions
 
     def _forget(self, request_id: str) -> None:
         self._seqs.pop(request_id, None)
         internal = self._internal.pop(request_id, None)
         if internal is not None:
             self._bridge.seqs.pop(internal, None)
+            self._bridge.positions.pop(internal, None)
 
     def shutdown(self) -> None:
         """Abort what is left and stop the engine core."""
@@ -212,6 +238,7 @@ class _Bridge:
         self.seqs: dict[str, TalkerSeq] = {}      # vLLM's request id -> state
         self.frames: dict[str, torch.Tensor] = {}  # our request id -> frame made this step
         self.errors: dict[str, str] = {}           # our request id -> why it failed this step
+        self.positions: dict[str, tuple] = {}      # vLLM's request id -> (mrope [3, L], delta)
         self._suppress = None
         self._dtype = inputs.tts_pad.dtype  # the code predictor's (vLLM's may differ on CPU)
 
@@ -331,8 +358,8 @@ def write_backbone_dir(model_dir: Path, out: Path) -> None:
     cfg.update(
         architectures=[TALKER_ARCHITECTURE], model_type="qwen3_moe",
         num_experts=text.get("num_experts", text.get("num_local_experts")),
-        # Text-only prompts have equal mrope rows: plain rope with the same theta is identical.
-        rope_parameters={"rope_type": "default", "rope_theta": theta}, rope_theta=theta,
+        rope_parameters={**rope, "rope_type": rope.get("rope_type", "default"),
+                         "rope_theta": theta}, rope_theta=theta,
         tie_word_embeddings=False, dtype=full.get("dtype") or "float32",
     )
     (out / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -75,6 +75,14 @@ def check_response(case, resp) -> None:
         assert resp.text.rstrip().endswith("data: [DONE]"), where
 
 
+def truncated(resp) -> bool:
+    """A 200 event stream that stops before ``[DONE]`` without an error event."""
+    if resp.status_code != 200 or not header(resp, "content-type").startswith("text/event-stream"):
+        return False
+    text = resp.text.rstrip()
+    return not text.endswith("data: [DONE]") and '"error"' not in text
+
+
 def test_fuzz_openapi_no_5xx_and_openai_errors(serve_urls):
     import hypothesis.strategies as st
     import requests
@@ -103,6 +111,13 @@ def test_fuzz_openapi_no_5xx_and_openai_errors(serve_urls):
         @given(case=strategy)
         def run(case):
             resp = case.call(base_url=url, session=session, timeout=60)
+            if truncated(resp):
+                # Seen about once per full suite: Serve's replica got a spurious http.disconnect
+                # (its proxy no longer knew the request) and Starlette cancelled the stream, as
+                # for a client that left. Asked again, the same case must stream to [DONE]: a
+                # truncation of ours would repeat.
+                counts["truncated, asked again"] = counts.get("truncated, asked again", 0) + 1
+                resp = case.call(base_url=url, session=session, timeout=60)
             counts[f"{label} {resp.status_code}"] = counts.get(f"{label} {resp.status_code}", 0) + 1
             check_response(case, resp)
 

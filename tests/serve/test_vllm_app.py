@@ -86,17 +86,15 @@ def test_all_vllm_app_speaks_like_the_transformers_pipeline(all_vllm_url, offlin
     assert wait_clean(all_vllm_url, 10) == {}
 
 
-def test_all_vllm_app_refuses_spoken_answers_to_media_with_a_400(all_vllm_url):
-    """The vLLM talker takes text prompts only: audio input + audio answer is a 400 naming
-    `modalities`; the same input with a text answer works (the vLLM thinker takes media)."""
-    parts, _ = CASES["wav"]
-    body = {"model": "qwen3-omni", "max_tokens": 6, "modalities": ["text", "audio"],
-            "audio": {"voice": "ethan", "format": "wav"},
-            "messages": [{"role": "user", "content": parts}]}
-    r = httpx.post(f"{all_vllm_url}/v1/chat/completions", json=body, timeout=120)
-    assert r.status_code == 400
-    assert r.json()["error"]["param"] == "modalities"
-    body["modalities"] = ["text"]
-    body.pop("audio")
-    r = httpx.post(f"{all_vllm_url}/v1/chat/completions", json=body, timeout=120)
-    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+@pytest.mark.parametrize("case", ["wav", "mp3+png"])
+def test_all_vllm_app_answers_spoken_input_like_the_transformers_pipeline(all_vllm_url, offline,
+                                                                        case):
+    """Speech (and a picture) in, speech out, both stages on vLLM: the same text and audio as
+    the transformers pipeline (the talker's 3-D positions reach vLLM)."""
+    parts, media = CASES[case]
+    ref_text, ref_pcm = offline_answer(offline["async_chunk"], media)
+    text, pcm = ask(all_vllm_url, parts, stream=True)
+    assert text == ref_text
+    assert pcm.shape == ref_pcm.shape
+    assert np.abs(pcm.astype(int) - ref_pcm.astype(int)).max() <= 1
+    assert wait_clean(all_vllm_url, 10) == {}

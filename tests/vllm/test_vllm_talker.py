@@ -184,14 +184,44 @@ def test_abort_mid_stream_leaves_nothing(talker, thinker_out):
     assert not talker.abort(rid)
 
 
-def test_media_prompt_is_refused_with_a_clear_error(talker, thinker_out):
-    rid, prompt, text, frames = thinker_out[1]
-    talker.add_request(rid, "ethan", GREEDY, frames)
-    talker.push_text(rid, text, True, prompt_token_ids=prompt,
-                     mm_hidden=torch.zeros(1, 32), audio_feature_lengths=torch.tensor([10]))
-    (out,) = talker.step()
-    assert out.finish_reason == FinishReason.ERROR and "vLLM talker" in out.error
-    assert not talker.has_unfinished()
+def _media_requests(omni):
+    """An audio, an image and an audio+image prompt (the talker gets the thinker's hidden states
+    at their positions and computes 3-D positions from their layout)."""
+    from media_samples import audio_bytes, picture, tone
+
+    from omni_ray.inputs.audio import decode_audio
+
+    audio = decode_audio(audio_bytes(tone(1.5)), "wav", max_seconds=10)
+    kinds = {"audio": [{"type": "audio", "audio": audio}],
+             "image": [{"type": "image", "image": picture(96, 64)}]}
+    kinds["both"] = kinds["audio"] + kinds["image"]
+    return [omni.request([{"role": "user", "content": parts + [
+        {"type": "text", "text": "What do you hear and see?"}]}], request_id=f"m-{k}",
+        max_tokens=10, max_audio_frames=40) for k, parts in kinds.items()]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async_chunk"])
+def test_media_prompts_equal_transformers(hf_omni, mixed_omni, mode):
+    """Audio / image prompts: the vLLM talker gets the prompt's 3-D positions and decode offset
+    through the model runner hook, and speaks exactly like the transformers talker."""
+    for omni in (hf_omni, mixed_omni):
+        omni.pipeline = omni.pipeline.model_copy(update={"mode": mode})
+    ref = hf_omni.generate(_media_requests(hf_omni))
+    got = mixed_omni.generate(_media_requests(mixed_omni))
+    assert all(o.error is None and o.codec_frames.shape[0] > 0 for o in got)
+    _assert_same(ref, got)
+    assert not mixed_omni.talker._bridge.positions  # every hand-over was taken
+
+
+def test_media_positions_are_used(hf_omni, mixed_omni, monkeypatch):
+    """Negative control: with text-only positions (the hook bypassed) the frames differ."""
+    mixed_omni.pipeline = mixed_omni.pipeline.model_copy(update={"mode": "sync"})
+    hf_omni.pipeline = hf_omni.pipeline.model_copy(update={"mode": "sync"})
+    ref = hf_omni.generate(_media_requests(hf_omni)[2:3])  # audio + image
+    monkeypatch.setattr(mixed_omni.talker.inputs, "mm_positions", lambda seq, n: None)
+    got = mixed_omni.generate(_media_requests(mixed_omni)[2:3])
+    assert got[0].text_token_ids == ref[0].text_token_ids
+    assert not torch.equal(got[0].codec_frames, ref[0].codec_frames)
 
 
 def test_sampling_gives_codec_ids_only(talker, thinker_out):
