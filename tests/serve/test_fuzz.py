@@ -84,6 +84,7 @@ def truncated(resp) -> bool:
 
 
 def test_fuzz_openapi_no_5xx_and_openai_errors(serve_urls):
+    import httpx
     import hypothesis.strategies as st
     import requests
     import schemathesis
@@ -112,12 +113,13 @@ def test_fuzz_openapi_no_5xx_and_openai_errors(serve_urls):
         def run(case):
             resp = case.call(base_url=url, session=session, timeout=60)
             if truncated(resp):
-                # Seen about once per full suite: Serve's replica got a spurious http.disconnect
-                # (its proxy no longer knew the request) and Starlette cancelled the stream, as
-                # for a client that left. Asked again, the same case must stream to [DONE]: a
-                # truncation of ours would repeat.
-                counts["truncated, asked again"] = counts.get("truncated, asked again", 0) + 1
-                resp = case.call(base_url=url, session=session, timeout=60)
+                # Seen in some full-suite runs: the stream as schemathesis returned it stops
+                # mid-answer, with no error event, while the same body sent again streams to
+                # [DONE] (tried by hand; the cut was not found). The same case goes again
+                # through plain httpx: a truncation by the server would show there too.
+                counts["truncated, sent again"] = counts.get("truncated, sent again", 0) + 1
+                resp = httpx.post(f"{url}{case.path}", content=json.dumps(case.body),
+                                  headers={"content-type": "application/json"}, timeout=60)
             counts[f"{label} {resp.status_code}"] = counts.get(f"{label} {resp.status_code}", 0) + 1
             check_response(case, resp)
 
