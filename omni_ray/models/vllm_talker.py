@@ -29,8 +29,6 @@ import torch
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
 from vllm.v1.core.sched.scheduler import Scheduler
 
-ARCHITECTURE = "OmniRayQwen3OmniTalkerForCausalLM"
-
 # checkpoint name prefix -> vLLM Qwen3MoeForCausalLM name prefix (first match wins)
 _RENAMES = (
     ("talker.model.codec_embedding.", "model.embed_tokens."),

@@ -19,11 +19,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from omni_ray.runners.talker_inputs import CP_TOP_K, CP_TOP_P
+
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-TOP_K, TOP_P = 50, 0.8  # transformers' code predictor sampling (see talker_inputs)
 
 
-def top_k_top_p(logits: torch.Tensor, top_k: int = TOP_K, top_p: float = TOP_P) -> torch.Tensor:
+def top_k_top_p(logits: torch.Tensor, top_k: int = CP_TOP_K,
+                top_p: float = CP_TOP_P) -> torch.Tensor:
     """[B, V] logits with everything outside top-k, then outside top-p, set to -inf (the rule
     of ``runners.sampling.sample_token``), in static shapes."""
     kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]

@@ -93,11 +93,9 @@ class TalkerRunner(TalkerRequests):
     def _prefill(self, seq: _Seq) -> None:
         from transformers import DynamicCache
 
-        user = self.inputs.user_part(seq)
-        assistant = self.inputs.assistant_part(seq)
-        embeds = torch.cat([user, assistant], dim=1) if user is not None else assistant
+        embeds, assistant_len = self.inputs.prefill_embeds(seq)
         seq.cache = DynamicCache(config=self.model.config.text_config)
-        self._forward(seq, embeds, 0, self._mm_positions(seq, assistant.shape[1]))
+        self._forward(seq, embeds, 0, self._mm_positions(seq, assistant_len))
         seq.prefilled = True
 
     def _mm_positions(self, seq: _Seq, assistant_len: int) -> torch.Tensor | None:
@@ -106,9 +104,8 @@ class TalkerRunner(TalkerRequests):
         return self.inputs.mm_positions(seq, assistant_len)
 
     def _decode(self, seq: _Seq, residual=None) -> torch.Tensor:
-        k = seq.gen_step
         frame, codec_embed = residual if residual is not None else self._residual_codes(seq)
-        embeds = codec_embed + self.inputs.trailing(seq, k)
+        embeds = codec_embed + self.inputs.trailing_batch([seq])
         seq.gen_step += 1
         self._forward(seq, embeds, seq.cache.get_seq_length())
         return frame

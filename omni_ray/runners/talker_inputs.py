@@ -154,12 +154,14 @@ class TalkerInputs:
         return TalkerSeq(request_id, speaker_id, params, max_frames, generator)
 
     # -- prefill ---------------------------------------------------------------------------------
-    def prefill_embeds(self, seq: TalkerSeq) -> torch.Tensor:
+    def prefill_embeds(self, seq: TalkerSeq) -> tuple[torch.Tensor, int]:
         """[1, L, D]: the user turns (projected text; projected hidden states at multimodal
-        positions) then the 9 assistant positions."""
+        positions) then the assistant positions; and how many of those there are (for
+        ``mm_positions``)."""
         user = self.user_part(seq)
         assistant = self.assistant_part(seq)
-        return torch.cat([user, assistant], dim=1) if user is not None else assistant
+        embeds = torch.cat([user, assistant], dim=1) if user is not None else assistant
+        return embeds, assistant.shape[1]
 
     def user_part(self, seq: TalkerSeq) -> torch.Tensor | None:
         ids = seq.prompt_ids
@@ -207,20 +209,9 @@ class TalkerInputs:
         return rope.to(self.device)
 
     # -- decode ----------------------------------------------------------------------------------
-    def trailing(self, seq: TalkerSeq, k: int) -> torch.Tensor:
-        """[1, 1, D]: the projected text part of decode step ``k``'s input."""
-        a = seq.stream
-        idx = ASSISTANT_HEADER + 1 + k
-        if idx < len(a) - 1 or (not seq.text_finished):
-            if idx >= len(a) - 1:
-                raise RuntimeError(f"{seq.request_id}: trailing text {k} not available")
-            return self.project_text([a[idx]])
-        last = max(len(a) - 2 - ASSISTANT_HEADER, 0)  # step that speaks tts_eos
-        return self.tts_eos if k == last else self.tts_pad
-
     def trailing_batch(self, seqs: list[TalkerSeq]) -> torch.Tensor:
-        """[B, 1, D]: ``trailing(seq, seq.gen_step)`` for each request, with one projection of
-        all the text ids among them."""
+        """[B, 1, D]: the projected text part of each request's next decode step (``gen_step``;
+        see the module doc), with one projection of all the text ids among them."""
         rows, ids = [], []
         for seq in seqs:
             a, k = seq.stream, seq.gen_step
@@ -231,8 +222,8 @@ class TalkerInputs:
                 rows.append(len(ids))
                 ids.append(a[idx])
             else:
-                rows.append(self.tts_eos if k == max(len(a) - 2 - ASSISTANT_HEADER, 0)
-                            else self.tts_pad)
+                last = max(len(a) - 2 - ASSISTANT_HEADER, 0)  # the step that speaks tts_eos
+                rows.append(self.tts_eos if k == last else self.tts_pad)
         proj = self.project_text(ids)[0] if ids else None  # [n, D]
         return torch.cat([r if isinstance(r, torch.Tensor) else proj[r:r + 1].unsqueeze(0)
                           for r in rows], dim=0)
@@ -355,11 +346,15 @@ class TalkerRequests:
         return list(self._seqs)
 
 
+CP_TOP_K, CP_TOP_P = 50, 0.8  # transformers' code predictor sampling
+
+
 def code_predictor_params(params: SamplingParams) -> SamplingParams:
-    """transformers mirrors the talker's do_sample onto the code predictor (top-k 50, top-p 0.8)."""
+    """transformers mirrors the talker's do_sample onto the code predictor (temperature 1,
+    top-k 50, top-p 0.8)."""
     if params.greedy:
         return SamplingParams()
-    return SamplingParams(temperature=1.0, top_k=50, top_p=0.8)
+    return SamplingParams(temperature=1.0, top_k=CP_TOP_K, top_p=CP_TOP_P)
 
 
 def assistant_start(ids: list[int], cfg) -> int:

@@ -173,10 +173,8 @@ class VllmTalkerRunner(TalkerRequests):
             if len(self._internal) >= self.max_num_seqs:
                 break
             try:
-                assistant = self.inputs.assistant_part(seq)
-                user = self.inputs.user_part(seq)
-                embeds = torch.cat([user, assistant], dim=1) if user is not None else assistant
-                rope = self.inputs.mm_positions(seq, assistant.shape[1])  # [3, 1, L] or None
+                embeds, assistant_len = self.inputs.prefill_embeds(seq)
+                rope = self.inputs.mm_positions(seq, assistant_len)  # [3, 1, L] or None
                 embeds = embeds[0].to("cpu", self._dtype)
                 internal = self.engine.add_request(
                     rid, EmbedsPrompt(prompt_embeds=embeds),

@@ -35,14 +35,18 @@ def vllm_url(serve_base_url, tiny_model_dir):
 
 
 @pytest.mark.parametrize("case", ["wav", "mp3+png"])
-def test_spoken_input_answers_equal_the_transformers_pipeline(vllm_url, offline, case):
+@pytest.mark.parametrize("app", ["vllm_url", "all_vllm_url"], ids=["vllm-thinker", "all-vllm"])
+def test_spoken_input_answers_equal_the_transformers_pipeline(request, offline, app, case):
+    """Speech (and a picture) in, speech out, with the thinker on vLLM and with both stages on
+    vLLM (the talker's 3-D positions reach vLLM): the transformers pipeline's text and audio."""
+    url = request.getfixturevalue(app)
     parts, media = CASES[case]
     ref_text, ref_pcm = offline_answer(offline["async_chunk"], media)
-    text, pcm = ask(vllm_url, parts, stream=True)
+    text, pcm = ask(url, parts, stream=True)
     assert text == ref_text
     assert pcm.shape == ref_pcm.shape
     assert np.abs(pcm.astype(int) - ref_pcm.astype(int)).max() <= 1
-    assert wait_clean(vllm_url, 10) == {}
+    assert wait_clean(url, 10) == {}
 
 
 def test_text_answer_equals_the_transformers_app(vllm_url, serve_urls):
@@ -83,18 +87,4 @@ def test_all_vllm_app_speaks_like_the_transformers_pipeline(all_vllm_url, offlin
     assert pcm is not None and pcm.shape == ref_pcm.shape
     assert np.abs(pcm.astype(int) - ref_pcm.astype(int)).max() <= 1
     assert finish in ("stop", "length")
-    assert wait_clean(all_vllm_url, 10) == {}
-
-
-@pytest.mark.parametrize("case", ["wav", "mp3+png"])
-def test_all_vllm_app_answers_spoken_input_like_the_transformers_pipeline(all_vllm_url, offline,
-                                                                        case):
-    """Speech (and a picture) in, speech out, both stages on vLLM: the same text and audio as
-    the transformers pipeline (the talker's 3-D positions reach vLLM)."""
-    parts, media = CASES[case]
-    ref_text, ref_pcm = offline_answer(offline["async_chunk"], media)
-    text, pcm = ask(all_vllm_url, parts, stream=True)
-    assert text == ref_text
-    assert pcm.shape == ref_pcm.shape
-    assert np.abs(pcm.astype(int) - ref_pcm.astype(int)).max() <= 1
     assert wait_clean(all_vllm_url, 10) == {}
