@@ -35,7 +35,8 @@ import torch
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.sampling import SamplingParams
-from omni_ray.models.tiny import make_tiny_checkpoint, tiny_config_dict, write_tokenizer
+from omni_ray.models.dummy import reinit_, shape_config_dict
+from omni_ray.models.tiny import make_tiny_checkpoint, write_tokenizer
 from omni_ray.models.tokenizer import load_tokenizer
 from omni_ray.offline import Omni
 from omni_ray.runners.code2wav import Code2WavRunner
@@ -208,56 +209,9 @@ def run_parity(args, out: Path) -> dict:
 # realsize
 # ------------------------------------------------------------------------------------------------
 def realsize_config(smoke: bool) -> dict:
-    """config.json of a Qwen3-Omni-30B-A3B-shaped checkpoint (small encoders)."""
-    cfg = tiny_config_dict(hidden=2048)
-    rope = dict(rope_type="default", rope_theta=1000000.0, mrope_section=[24, 20, 20],
-                interleaved=True, mrope_interleaved=True)
-    th = cfg["thinker_config"]
-    th["text_config"].update(
-        hidden_size=2048, intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
-        num_key_value_heads=4, head_dim=128, moe_intermediate_size=768, num_experts=128,
-        num_experts_per_tok=8, vocab_size=152064, rope_parameters=rope)
-    tk = cfg["talker_config"]
-    tk["text_config"].update(
-        vocab_size=3072, hidden_size=1024, intermediate_size=2048, num_hidden_layers=20,
-        num_attention_heads=16, num_key_value_heads=2, head_dim=128, moe_intermediate_size=384,
-        shared_expert_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
-        norm_topk_prob=False, rope_parameters=dict(rope))
-    tk["code_predictor_config"].update(
-        vocab_size=2048, hidden_size=1024, intermediate_size=3072, num_hidden_layers=5,
-        num_attention_heads=16, num_key_value_heads=8, head_dim=128, num_code_groups=16)
-    tk.update(num_code_groups=16, accept_hidden_layer=24, thinker_hidden_size=2048)
-    cfg["code2wav_config"] = dict(
-        codebook_size=2048, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
-        num_key_value_heads=16, intermediate_size=3072, sliding_window=72, num_quantizers=16,
-        upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2], decoder_dim=1536,
-        max_position_embeddings=8000)
-    if smoke:  # same structure, CPU-sized
-        th["text_config"].update(num_hidden_layers=2, num_experts=8, moe_intermediate_size=64,
-                                 hidden_size=256, num_attention_heads=4, num_key_value_heads=2)
-        for k in ("audio_config", "vision_config"):
-            th[k]["output_dim" if k == "audio_config" else "out_hidden_size"] = 256
-        tk["text_config"].update(num_hidden_layers=2, num_experts=8, hidden_size=256,
-                                 num_attention_heads=4, num_key_value_heads=2,
-                                 moe_intermediate_size=64, shared_expert_intermediate_size=128)
-        tk["code_predictor_config"].update(num_hidden_layers=1, hidden_size=256,
-                                           num_attention_heads=4, num_key_value_heads=2)
-        tk.update(thinker_hidden_size=256, accept_hidden_layer=1)
-        cfg["code2wav_config"].update(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                      num_key_value_heads=2, intermediate_size=128,
-                                      decoder_dim=64)
-    return cfg
-
-
-def reinit_(module: torch.nn.Module, std: float = 0.02, gen_all: bool = False) -> int:
-    """normal(0, std) for expert weights and any non-finite parameter; returns how many."""
-    n = 0
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if gen_all or "experts" in name or not torch.isfinite(p).all():
-                p.normal_(0.0, std)
-                n += 1
-    return n
+    """config.json of a Qwen3-Omni-30B-A3B-shaped checkpoint (the released sizes, encoders
+    included), or its CPU-sized ``smoke`` shape: ``omni_ray.models.dummy``'s shapes."""
+    return shape_config_dict("smoke" if smoke else "qwen3-omni-30b-a3b")
 
 
 def build_dummy_stages(cfg, device: str, dtype):

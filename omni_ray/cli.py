@@ -1,4 +1,9 @@
-"""Command line: ``omni-ray make-tiny`` and ``omni-ray generate`` (the offline pipeline).
+"""Command line: ``omni-ray make-tiny``, ``omni-ray make-dummy`` and ``omni-ray generate`` (the
+offline pipeline).
+
+``omni-ray make-dummy DIR --shape qwen3-omni-30b-a3b`` writes a stand-in checkpoint without
+weights (config, tokenizer, processor): every stage loads it with seeded random weights, and
+serving it needs ``allow_dummy_weights: true``.
 
 ``omni-ray generate --text "Hi"`` runs thinker, talker and code2wav in this process (``Omni``) and
 prints the answer; ``--json`` prints one JSON object instead, ``--out x.wav|x.npy`` writes the
@@ -17,6 +22,7 @@ from omni_ray import constants
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.sampling import SamplingParams
+from omni_ray.models.dummy import DEFAULT_SHAPE, SHAPES
 from omni_ray.models.tiny import SPEAKERS
 
 # --sample: per-stage sampling a person would serve with (talker as in vLLM-Omni's defaults).
@@ -64,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("dir", type=Path, help="output directory (created)")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
 
+    dummy = sub.add_parser("make-dummy", help="write a Qwen3-Omni stand-in checkpoint without "
+                           "weights (random weights when loaded)")
+    dummy.add_argument("dir", type=Path, help="output directory (created)")
+    dummy.add_argument("--shape", choices=SHAPES, default=DEFAULT_SHAPE,
+                       help=f"sizes: the released model's or CPU-sized (default {DEFAULT_SHAPE})")
+    dummy.add_argument("--seed", type=int, default=0, help="weight seed used at load (default 0)")
+    dummy.add_argument("--no-processor", action="store_true",
+                       help="no audio/image processor files (they need torchvision)")
+
     gen = sub.add_parser("generate", help="text (and speech) for one prompt, offline")
     gen.add_argument("--model", type=Path, default=None,
                      help="checkpoint directory (default: the tiny checkpoint in $OMNI_RAY_HOME)")
@@ -104,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         from omni_ray.models.tiny import make_tiny_checkpoint
 
         print(make_tiny_checkpoint(args.dir, seed=args.seed))
+        return 0
+    if args.command == "make-dummy":
+        from omni_ray.models.dummy import make_dummy_checkpoint
+
+        print(make_dummy_checkpoint(args.dir, shape=args.shape, seed=args.seed,
+                                    processor=not args.no_processor))
         return 0
     return _generate(parser, args)
 

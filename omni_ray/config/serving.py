@@ -170,6 +170,11 @@ class SecurityConfig(BaseModel):
         return out
 
 
+def _dummy_error(info: dict) -> str:
+    return (f"model: the checkpoint is an `omni-ray make-dummy` stand-in with RANDOM weights "
+            f"(shape {info.get('shape')!r}); set allow_dummy_weights: true to serve it")
+
+
 class OmniServingArgs(BaseModel):
     """Everything ``build_omni_app`` needs."""
 
@@ -179,6 +184,8 @@ class OmniServingArgs(BaseModel):
     model: str = Field("tiny", description="checkpoint dir, or 'tiny' for the embedded default")
     model_id: str = Field("qwen3-omni", min_length=1, description="name served in /v1/models")
     make_tiny_if_missing: bool = True
+    allow_dummy_weights: bool = Field(
+        False, description="serve an `omni-ray make-dummy` stand-in checkpoint (random weights)")
     max_model_len: int = Field(8192, ge=16)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     thinker: StageConfig = Field(default_factory=lambda: StageConfig(default_sampling=THINKER_GREEDY))
@@ -206,6 +213,13 @@ class OmniServingArgs(BaseModel):
             raise ValueError("limits.default_max_tokens must be <= limits.max_tokens")
         if self.limits.default_max_audio_frames > self.limits.max_audio_frames:
             raise ValueError("limits.default_max_audio_frames must be <= limits.max_audio_frames")
+        if not self.allow_dummy_weights and self.model != "tiny":
+            # At deploy time (build_omni_app validates its args), not only at replica start.
+            from omni_ray.models.dummy import dummy_info
+
+            info = dummy_info(self.model)
+            if info is not None:
+                raise ValueError(_dummy_error(info))
         return self
 
     @property
@@ -224,7 +238,27 @@ class OmniServingArgs(BaseModel):
             ensure_tiny_checkpoint(path)
         if not (Path(path) / "config.json").exists():
             raise FileNotFoundError(f"model: no checkpoint directory at {path!r}")
+        self.check_dummy_weights(path)
         return path
+
+    def check_dummy_weights(self, path: str | None = None) -> dict | None:
+        """The dummy marker of the checkpoint (None for real weights). A dummy checkpoint is an
+        error unless ``allow_dummy_weights``; when allowed, a WARNING says so (every replica
+        start calls this through ``checkpoint_dir``)."""
+        import logging
+
+        from omni_ray.models.dummy import dummy_info
+
+        path = path or self.resolved_model_dir()
+        info = dummy_info(path)
+        if info is None:
+            return None
+        if not self.allow_dummy_weights:
+            raise ValueError(_dummy_error(info))
+        logging.getLogger("ray.serve").warning(
+            "serving RANDOM weights (omni-ray make-dummy stand-in, shape %s, seed %s) from %s",
+            info.get("shape"), info.get("seed"), path)
+        return info
 
     def resolved_model_dir(self) -> str:
         """The checkpoint path every replica loads ('tiny' maps to the embedded default)."""

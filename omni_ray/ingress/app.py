@@ -105,8 +105,15 @@ class OmniIngress:
 
     @app.get("/v1/models")
     async def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.args.model_id, "object": "model",
-                                            "created": self.created, "owned_by": "omni_ray"}]}
+        from omni_ray.models.dummy import dummy_info
+
+        entry = {"id": self.args.model_id, "object": "model", "created": self.created,
+                 "owned_by": "omni_ray"}
+        info = dummy_info(self.args.resolved_model_dir())  # random weights: say so
+        if info is not None:
+            entry["omni_ray"] = {"dummy_weights": True, "shape": info.get("shape"),
+                                 "seed": info.get("seed")}
+        return {"object": "list", "data": [entry]}
 
     @app.get("/debug/stats")
     async def debug_stats(self) -> dict:

@@ -4,6 +4,10 @@ transformers owns the checkpoint format (it renames and fuses keys on load, e.g.
 weights into one tensor), so each stage loads through ``from_pretrained`` and keeps only its own
 submodule; the rest is freed before the stage starts serving. The talker also keeps the thinker's
 token embedding table, which it needs to project text.
+
+A dummy checkpoint (``omni-ray make-dummy``: config, no weights; ``models/dummy.py``) builds the
+stage from its config instead, with the marker's seed, directly on the device: only the stage's
+module (the talker stage gets a random thinker token-embedding table, not the thinker).
 """
 
 from __future__ import annotations
@@ -38,6 +42,15 @@ def load_stage(model_dir: str | Path, stage: str, device: str = "cpu", dtype=Non
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {list(STAGES)}, got {stage!r}")
     dtype = dtype or torch.float32
+    from omni_ray.models.dummy import build_dummy_stage, dummy_info
+
+    info = dummy_info(model_dir)
+    if info is not None:
+        config = load_omni_config(model_dir)
+        module, embedding = build_dummy_stage(config, stage, device, dtype, seed=info["seed"])
+        if stage == "talker":
+            module.config.audio_config = config.thinker_config.audio_config  # as below
+        return StageModules(config=config, module=module, text_embedding=embedding)
     full = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
         str(model_dir), local_files_only=True, dtype=dtype
     ).eval()

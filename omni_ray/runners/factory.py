@@ -40,6 +40,7 @@ def make_thinker_runner(backend: str, model_dir: str | Path, device: str = "cpu"
 
     kwargs = dict(_CPU_ENGINE_DEFAULTS) if device == "cpu" else {}
     kwargs.update(engine_kwargs or {})
+    _dummy_weights(model_dir, kwargs)
     return VllmThinkerRunner(model_dir, dtype=_dtype_name(dtype), max_num_seqs=max_num_seqs,
                              kv_transfer=kv_transfer, engine_kwargs=kwargs)
 
@@ -66,9 +67,20 @@ def make_talker_runner(backend: str, model_dir: str | Path, device: str = "cpu",
 
     kwargs = dict(_CPU_ENGINE_DEFAULTS, kv_cache_memory_bytes=256 << 20) if device == "cpu" else {}
     kwargs.update(engine_kwargs or {})
+    _dummy_weights(model_dir, kwargs)
     return VllmTalkerRunner(model_dir, tk.module, tk.text_embedding, tk.config,
                             dtype=_dtype_name(dtype), device=device, max_num_seqs=max_num_seqs,
                             engine_kwargs=kwargs)
+
+
+def _dummy_weights(model_dir, kwargs: dict) -> dict:
+    """``load_format: "dummy"`` (vLLM's random weights) for a dummy checkpoint, which has no
+    weight files, unless the engine kwargs already choose a load format."""
+    from omni_ray.models.dummy import is_dummy_checkpoint
+
+    if is_dummy_checkpoint(model_dir):
+        kwargs.setdefault("load_format", "dummy")
+    return kwargs
 
 
 def _dtype_name(dtype) -> str:
