@@ -102,7 +102,7 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
 
     levels = ([("rate", r) for r in _floats(args.request_rate)] if args.request_rate
               else [("concurrency", c) for c in _ints(args.concurrency)])
-    max_c = max(int(v) if k == "concurrency" else args.num_requests for k, v in levels)
+    max_c = max(int(v) if k == "concurrency" else requests_per_level(args, v) for k, v in levels)
     async with make_client(max_c) as client:
         model = args.model_id or await served_model(client, url)
         max_tokens = args.output_len if args.prompts == "random" else args.max_tokens
@@ -121,7 +121,8 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
                 raise RuntimeError(f"{label}: warm-up request failed: {rec.error}")
         results = []
         for kind, value in levels:
-            batch = bodies(args.num_requests, args.seed)
+            batch = bodies(requests_per_level(args, value if kind == "concurrency" else 0),
+                           args.seed)
             with tqdm(total=len(batch), desc=f"{label} {kind}={value}", leave=True) as pbar:
                 if kind == "rate":
                     recs, wall = await open_loop(client, url, batch, value, args.seed, pbar)
@@ -132,6 +133,22 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
             results.append(dict(label=label, load=kind, value=value, summary=asdict(summary),
                                 requests=[r.summary() for r in recs]))
     return results
+
+
+def requests_per_level(args, concurrency: int) -> int:
+    """``--num-requests``, or with 0 max(2 x concurrency, 8) (every client sends at least 2)."""
+    return args.num_requests or max(2 * int(concurrency), 8)
+
+
+def bench(url: str, label: str = "url", **options) -> list[dict]:
+    """``bench_url`` from Python: ``options`` are this CLI's flags with underscores, e.g.
+    ``bench(url, concurrency="1,8", num_requests=0, max_tokens=128)``."""
+    args = parse_args([])
+    unknown = sorted(set(options) - set(vars(args)))
+    if unknown:
+        raise TypeError(f"unknown serve_bench option(s) {unknown}")
+    vars(args).update(options)
+    return asyncio.run(bench_url(url.rstrip("/"), label, args))
 
 
 def summary_line(label: str, kind: str, value, s) -> str:
@@ -191,7 +208,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prompts", choices=("fixed", "random"), default="fixed")
     ap.add_argument("--input-len", type=int, default=32, help="words per random prompt")
     ap.add_argument("--output-len", type=int, default=64, help="max_tokens for random prompts")
-    ap.add_argument("--num-requests", type=int, default=8, help="per load level")
+    ap.add_argument("--num-requests", type=int, default=8,
+                    help="per load level; 0: max(2 x concurrency, 8)")
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--request-rate", default="", help="comma list of req/s (Poisson); "
                     "replaces the --concurrency sweep")

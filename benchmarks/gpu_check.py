@@ -1,0 +1,585 @@
+"""The check to run on one GPU before landing a change to runners, models or stages (issue 17).
+
+The app from ``serve_configs/qwen3_omni_1gpu.yaml`` started with the real ``serve run``:
+
+* ``tiny``: the tiny checkpoint, greedy; ``--restarts`` starts in a row, each timed to healthy and
+  one answer; text only, text + audio (streamed pcm16, wav), speech in -> text + audio, each
+  compared with the offline transformers pipeline (``compare_answers``, README "Parity");
+* ``standin``: ``make_dummy_checkpoint`` at real size (``smoke`` on CPU), the yaml's own settings;
+  ``/v1/models`` says dummy, well-formed answers, then the Serve benchmark -> ``gpu_serve.json``;
+* ``offline`` (only when asked for): ``benchmarks.gpu_run --phase realsize``, its JSON copied in.
+
+One line a check, ``PASS|FAIL|SKIP <name>: <numbers>``, then a summary; exit 1 on any FAIL.
+``--device cpu`` runs the same with CPU values (float32, no GPUs), which the tests do::
+
+    bash scripts/gpu_check.sh                          # cuda: tiny,standin
+    bash scripts/gpu_check.sh --device cpu --phases tiny --out /tmp/check
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import copy
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import wave
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make ``benchmarks`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import yaml
+
+from benchmarks.client import spoken_question
+from benchmarks.machine import machine_info
+from benchmarks.launch import free_port
+from benchmarks.serve_proc import REPO_ROOT, ServeRun, child_env, tail
+
+BASE_CONFIG = REPO_ROOT / "serve_configs" / "qwen3_omni_1gpu.yaml"
+SAMPLES_PER_FRAME = 1920  # one 80 ms codec frame at 24 kHz
+# code2wav's causal convolutions hold back 555 samples: N frames -> N * 1920 - 555 samples
+# (README.md "Delivery modes", omni_ray/runners/code2wav_stream.py), streamed or not.
+WITHHELD_SAMPLES = 555
+# bfloat16 allowance (benchmarks/README.md "Parity"): bf16 moves near-tied argmaxes of random
+# weights, so the app (vLLM, compiled) and transformers may part after a while; the first this
+# many text tokens must agree. float32 must be exact (text) and within PCM16_LSB (audio).
+BF16_MIN_EQUAL_TEXT_TOKENS = 8
+PCM16_LSB = 1
+PROMPT = "Tell me about the sea in a few words."
+QUESTION = "What do you hear?"
+TINY = dict(max_model_len=2048, max_prompt_tokens=1024, max_tokens=24, frames=50,
+            kv={"cuda": (1 << 30, 512 << 20), "cpu": (128 << 20, 128 << 20)})
+BENCH = {"cuda": dict(concurrency=[1, 8, 32], max_tokens=128, frames=150),
+         "cpu": dict(concurrency=[1, 2], max_tokens=8, frames=12)}
+
+
+# -- the config ----------------------------------------------------------------------------------
+def app_config(model_dir: str, device: str, port: int, *, tiny: bool, dummy: bool,
+               processor: bool, base: Path = BASE_CONFIG) -> dict:
+    """``base`` (a ``serve run`` config) with ``model`` = ``model_dir`` on 127.0.0.1:``port``.
+
+    ``tiny``: small KV and context, greedy sampling (the offline pipeline's defaults).
+    ``device == "cpu"``: float32, no GPUs or CPU reservations, vLLM's CPU defaults
+    (``_CPU_ENGINE_DEFAULTS``: eager, a fixed KV cache) and no GPU memory shares.
+    """
+    from omni_ray.config.serving import OmniServingArgs
+
+    cfg = copy.deepcopy(yaml.safe_load(base.read_text()))
+    cfg["http_options"] = {"host": "127.0.0.1", "port": port}
+    args = cfg["applications"][0]["args"]
+    args.update(model=str(model_dir), make_tiny_if_missing=False)
+    if dummy:
+        args["allow_dummy_weights"] = True
+    elif "allow_dummy_weights" not in OmniServingArgs.model_fields:
+        args.pop("allow_dummy_weights", None)  # a tree before make-dummy landed
+    if tiny:
+        args["max_model_len"] = TINY["max_model_len"]
+        args["limits"]["max_prompt_tokens"] = TINY["max_prompt_tokens"]
+    for i, stage in enumerate(("thinker", "talker")):
+        ek = args[stage].setdefault("engine_kwargs", {})
+        if tiny:
+            args[stage].pop("default_sampling", None)  # greedy, as OmniRequest's defaults
+            ek["kv_cache_memory_bytes"] = TINY["kv"][device][i]
+            ek["max_model_len"] = TINY["max_model_len"]
+        if device == "cpu":
+            ek.pop("gpu_memory_utilization", None)
+            ek["kv_cache_memory_bytes"] = TINY["kv"]["cpu"][i]
+            ek["max_model_len"] = min(ek.get("max_model_len", 2048), 2048)
+            ek["max_num_batched_tokens"] = 512
+    if not processor:  # no processor files: vLLM's thinker must not look for them
+        args["thinker"]["engine_kwargs"]["limit_mm_per_prompt"] = {"image": 0, "video": 0,
+                                                                   "audio": 0}
+    if device == "cpu":
+        args["max_model_len"] = min(args["max_model_len"], 2048)
+        args["limits"]["max_prompt_tokens"] = min(args["limits"]["max_prompt_tokens"], 1024)
+        for stage in ("thinker", "talker", "code2wav"):
+            args[stage].update(device="cpu", dtype="float32")
+            args[stage]["engine_resources"] = {"num_cpus": 0, "num_gpus": 0}
+    return cfg
+
+
+def write_config(cfg: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+# -- requests ------------------------------------------------------------------------------------
+def ask(url: str, *, audio_in: bytes | None = None, audio: bool = True, stream: bool = False,
+        max_tokens: int, frames: int, model: str = "qwen3-omni") -> dict:
+    """One chat completion through the openai client: text, pcm16 (int16 array or None),
+    finish_reason, completion_tokens."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+    content: list | str = PROMPT
+    if audio_in is not None:
+        content = [{"type": "input_audio", "input_audio": {
+            "data": base64.b64encode(audio_in).decode(), "format": "wav"}},
+            {"type": "text", "text": QUESTION}]
+    kw = dict(model=model, max_tokens=max_tokens, messages=[{"role": "user", "content": content}],
+              modalities=["text", "audio"] if audio else ["text"],
+              extra_body={"max_audio_frames": frames})
+    if audio:
+        kw["audio"] = {"voice": "ethan", "format": "pcm16" if stream else "wav"}
+    if not stream:
+        r = client.chat.completions.create(**kw)
+        msg, pcm = r.choices[0].message, None
+        if msg.audio is not None:
+            with wave.open(io.BytesIO(base64.b64decode(msg.audio.data))) as w:
+                pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+        return dict(text=msg.content or "", pcm=pcm, finish=r.choices[0].finish_reason,
+                    tokens=r.usage.completion_tokens if r.usage else None)
+    text, pcm, finish, tokens = [], [], None, None
+    for ch in client.chat.completions.create(stream=True, stream_options={"include_usage": True},
+                                             **kw):
+        tokens = ch.usage.completion_tokens if ch.usage else tokens
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        finish = ch.choices[0].finish_reason or finish
+        text.append(d.content or "")
+        a = getattr(d, "audio", None) or (d.model_extra or {}).get("audio")
+        data = a.get("data") if isinstance(a, dict) else getattr(a, "data", None)
+        if data:
+            pcm.append(np.frombuffer(base64.b64decode(data), dtype="<i2"))
+    return dict(text="".join(text), pcm=np.concatenate(pcm) if pcm else None, finish=finish,
+                tokens=tokens)
+
+
+def cases(has_processor: bool) -> dict:
+    """name -> ask() keywords: (a) text only, (b) text + audio streamed / wav, (c) speech in."""
+    out = {"text": dict(audio=False), "audio-stream": dict(stream=True),
+           "audio-wav": dict(stream=False)}
+    if has_processor:
+        out["speech-in"] = dict(audio_in=spoken_question(1.5), stream=True)
+    return out
+
+
+def offline_answers(model_dir: str, device: str, pipeline: dict, todo: dict, max_tokens: int,
+                    frames: int) -> dict:
+    """The offline transformers pipeline's greedy answer to each case: text, pcm16 int16."""
+    import torch
+
+    from omni_ray.audio import to_pcm16
+    from omni_ray.config.pipeline import PipelineConfig
+    from omni_ray.config.request import OmniRequest
+    from omni_ray.inputs.audio import decode_audio
+    from omni_ray.offline import Omni
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    omni = Omni(model_dir, mode=pipeline.get("mode", "async_chunk"), device=device, dtype=dtype,
+                pipeline=PipelineConfig(**pipeline))
+    out = {}
+    for name, kw in todo.items():
+        fields = dict(request_id=name, max_tokens=max_tokens, max_audio_frames=frames,
+                      speaker="ethan",
+                      modalities=("text", "audio") if kw.get("audio", True) else ("text",))
+        if kw.get("audio_in") is None:
+            req = OmniRequest(prompt_token_ids=omni.prompt_ids(PROMPT), **fields)
+        else:
+            speech = decode_audio(kw["audio_in"], "wav", max_seconds=300)
+            req = omni.request([{"role": "user", "content": [
+                {"type": "audio", "audio": speech}, {"type": "text", "text": QUESTION}]}],
+                **fields)
+        o = omni.generate(req)[0]
+        pcm = np.frombuffer(to_pcm16(o.audio), dtype="<i2") if o.audio.numel() else None
+        out[name] = dict(text=o.text, pcm=pcm, frames=int(o.codec_frames.shape[0]))
+    omni.shutdown()
+    del omni
+    if device != "cpu":
+        torch.cuda.empty_cache()
+    return out
+
+
+def compare_answers(ref: dict, got: dict, tokenize, exact: bool) -> dict:
+    """``got`` (the app's) against ``ref`` (offline): first differing text token and 80 ms frame,
+    PCM max |diff|. ``exact`` (float32): same text, same length, PCM within ``PCM16_LSB``; else
+    (bfloat16) the first ``BF16_MIN_EQUAL_TEXT_TOKENS`` text tokens equal."""
+    rt, gt = tokenize(ref["text"]), tokenize(got["text"])
+    first_tok = next((i for i, (a, b) in enumerate(zip(rt, gt)) if a != b), min(len(rt), len(gt)))
+    if first_tok == len(rt) == len(gt):
+        first_tok = None
+    res = dict(text_tokens=len(rt), first_text_diff=first_tok, same_text=ref["text"] == got["text"])
+    rp, gp = ref.get("pcm"), got.get("pcm")
+    audio_ok = (rp is None) == (gp is None)
+    if rp is not None and gp is not None:
+        n = min(len(rp), len(gp))
+        diff = np.abs(rp[:n].astype(np.int32) - gp[:n].astype(np.int32))
+        bad = np.nonzero(diff > PCM16_LSB)[0]
+        first_frame = int(bad[0]) // SAMPLES_PER_FRAME if bad.size else (
+            None if len(rp) == len(gp) else n // SAMPLES_PER_FRAME)
+        res.update(ref_samples=len(rp), samples=len(gp), pcm_max_diff=int(diff.max(initial=0)),
+                   first_frame_diff=first_frame)
+        audio_ok = first_frame is None
+    if exact:
+        res["ok"] = res["same_text"] and audio_ok
+    else:
+        res["ok"] = res["same_text"] or (first_tok or 0) >= BF16_MIN_EQUAL_TEXT_TOKENS
+    return res
+
+
+def audio_frames(samples: int) -> float:
+    """The codec frames that ``samples`` PCM samples came from (whole when well-formed)."""
+    return (samples + WITHHELD_SAMPLES) / SAMPLES_PER_FRAME
+
+
+def well_formed(ans: dict, frames: int, audio: bool) -> tuple[bool, str]:
+    """Non-empty text (or finish 'length'); audio from a whole number of frames, 1..``frames``."""
+    problems = []
+    if not ans["text"] and ans["finish"] != "length":
+        problems.append(f"empty text, finish={ans['finish']}")
+    if audio:
+        n = 0 if ans["pcm"] is None else len(ans["pcm"])
+        f = audio_frames(n) if n else 0
+        if not (f == int(f) and 1 <= f <= frames):
+            problems.append(f"{n} samples is not N * {SAMPLES_PER_FRAME} - {WITHHELD_SAMPLES} "
+                            f"for N in 1..{frames}")
+    return not problems, "; ".join(problems)
+
+
+# -- the run -------------------------------------------------------------------------------------
+class Check:
+    """Collects the lines and the JSON of one run."""
+
+    def __init__(self, args):
+        self.args, self.t0 = args, time.perf_counter()
+        self.lines: list[str] = []
+        self.checks: list[dict] = []
+        self.data: dict = dict(args={k: str(v) for k, v in vars(args).items()}, phases={})
+
+    def line(self, status: str, name: str, numbers: str = "", **detail) -> bool:
+        text = f"{status} {name}: {numbers}"
+        print(text, flush=True)
+        self.lines.append(text)
+        self.checks.append(dict(status=status, name=name, numbers=numbers, **detail))
+        self.save()
+        return status == "PASS"
+
+    def save(self, summary: str | None = None) -> None:
+        """gpu_check.json and .txt as they stand: a run killed at a time limit leaves them."""
+        out = self.args.out
+        self.data.update(checks=self.checks, summary=summary,
+                         wall_s=round(time.perf_counter() - self.t0, 1))
+        write(out / "gpu_check.json", self.data)
+        (out / "gpu_check.txt").write_text("\n".join(self.lines + [summary or ""]).strip() + "\n")
+
+    def left_s(self) -> float:
+        return self.args.time_budget - (time.perf_counter() - self.t0)
+
+
+def make_checkpoint(kind: str, out: Path, shape: str | None = None, processor: bool = True
+                    ) -> tuple[str, bool]:
+    """A fresh checkpoint (``tiny`` or ``dummy``) with processor files if asked for and they can
+    be made (transformers' video processor needs torchvision); returns (dir, has_processor)."""
+    if kind == "tiny":
+        from omni_ray.models.tiny import make_tiny_checkpoint as make
+        kw = dict(seed=0)
+    else:
+        from omni_ray.models.dummy import make_dummy_checkpoint as make
+        kw = dict(shape=shape, seed=0)
+    if processor:
+        try:
+            return str(make(out, processor=True, **kw)), True
+        except ImportError as e:
+            print(f"note: no processor files ({e}); speech-in is skipped", flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+    return str(make(out, processor=False, **kw)), False
+
+
+def start(chk: Check, cfg: dict, tag: str, ray_stop: bool) -> ServeRun:
+    """Launch ``serve run`` on ``cfg``; returns the running ServeRun (caller stops it)."""
+    out = chk.args.out
+    path = write_config(cfg, out / "configs" / f"{tag}.yaml")
+    sr = ServeRun(path, out / "logs" / f"{tag}.log", ray_stop=ray_stop,
+                  env={"OMP_NUM_THREADS": "1", "RAY_memory_monitor_refresh_ms": "0"}
+                  if chk.args.device == "cpu" else None)
+    return sr.__enter__()
+
+
+def timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool) -> tuple[ServeRun | None, dict]:
+    """Start and time it: to ``/health`` OK, then to one answered chat request."""
+    sr = start(chk, cfg, tag, ray_stop)
+    try:
+        healthy = sr.wait_healthy(url, chk.args.serve_timeout)
+        ans = ask(url, audio=False, max_tokens=2, frames=1)
+        ready = sr.since_launch()
+        if not (ans["text"] or ans["finish"] == "length"):
+            raise RuntimeError(f"first request: {ans}")
+        return sr, dict(healthy_s=round(healthy, 1), first_answer_s=round(ready, 1))
+    except Exception as e:  # noqa: BLE001 - reported as a FAIL line with the log's tail
+        sr.stop()
+        return None, dict(error=f"{type(e).__name__}: {e}", log_tail=tail(sr.log))
+    except BaseException:  # Ctrl-C: no Ray left behind
+        sr.stop()
+        raise
+
+
+def phase_tiny(chk: Check) -> None:
+    a, dev = chk.args, chk.args.device
+    tmp = Path(tempfile.mkdtemp(prefix="gpu_check_tiny_"))
+    model, has_proc = make_checkpoint("tiny", tmp / "ckpt", processor=not a.no_processor)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cfg = app_config(model, dev, port, tiny=True, dummy=False, processor=has_proc)
+    todo = cases(has_proc)
+    pipeline = cfg["applications"][0]["args"]["pipeline"]
+    t = time.perf_counter()
+    refs = offline_answers(model, dev, pipeline, todo, TINY["max_tokens"], TINY["frames"])
+    res = dict(model=model, processor=has_proc, offline_s=round(time.perf_counter() - t, 1),
+               starts=[], answers={})
+    chk.data["phases"]["tiny"] = res
+    from omni_ray.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(model)
+    tokenize = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    last_start_s = 0.0
+    for i in range(a.restarts):
+        if i and chk.left_s() < 1.5 * last_start_s:
+            chk.line("SKIP", f"tiny start {i + 1}/{a.restarts}", f"{chk.left_s():.0f}s left")
+            continue
+        sr, st = timed_start(chk, cfg, f"tiny_start{i + 1}", url, a.ray_stop)
+        res["starts"].append(st)
+        if sr is None:
+            chk.line("FAIL", f"tiny start {i + 1}/{a.restarts}", st["error"],
+                     log_tail=st["log_tail"])
+            print(st["log_tail"], flush=True)
+            continue
+        last_start_s = st["first_answer_s"]
+        with sr:
+            chk.line("PASS", f"tiny start {i + 1}/{a.restarts}",
+                     f"healthy {st['healthy_s']}s, first answer {st['first_answer_s']}s")
+            if res["answers"]:
+                continue
+            for name, kw in todo.items():
+                try:
+                    got = ask(url, max_tokens=TINY["max_tokens"], frames=TINY["frames"], **kw)
+                    c = compare_answers(refs[name], got, tokenize, exact=dev == "cpu")
+                except Exception as e:  # noqa: BLE001
+                    c = dict(ok=False, error=f"{type(e).__name__}: {e}")
+                res["answers"][name] = c
+                chk.line("PASS" if c["ok"] else "FAIL", f"tiny {name} == offline {dev}",
+                         _cmp_numbers(c), **c)
+    if not has_proc:
+        chk.line("SKIP", "tiny speech-in == offline", "no processor files (torchvision?)")
+
+
+def _cmp_numbers(c: dict) -> str:
+    if "error" in c:
+        return c["error"]
+    return (f"text tokens {c['text_tokens']}, first text diff {c['first_text_diff']}, "
+            f"samples {c.get('samples')}/{c.get('ref_samples')}, first frame diff "
+            f"{c.get('first_frame_diff')}, pcm max diff {c.get('pcm_max_diff')}")
+
+
+def phase_standin(chk: Check) -> None:
+    a, dev = chk.args, chk.args.device
+    try:
+        import omni_ray.models.dummy  # noqa: F401
+    except ImportError as e:
+        chk.line("SKIP", "standin", f"omni_ray.models.dummy is not there ({e})")
+        return
+    shape = a.shape or ("smoke" if dev == "cpu" else "qwen3-omni-30b-a3b")
+    tmp = Path(tempfile.mkdtemp(prefix="gpu_check_standin_"))
+    t = time.perf_counter()
+    model, has_proc = make_checkpoint("dummy", tmp / "ckpt", shape, not a.no_processor)
+    res = dict(model=model, shape=shape, processor=has_proc,
+               make_s=round(time.perf_counter() - t, 1), answers={})
+    chk.data["phases"]["standin"] = res
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cfg = app_config(model, dev, port, tiny=False, dummy=True, processor=has_proc)
+    sr, st = timed_start(chk, cfg, "standin", url, a.ray_stop)
+    res["start"] = st
+    if sr is None:
+        chk.line("FAIL", "standin start", st["error"], log_tail=st["log_tail"])
+        print(st["log_tail"], flush=True)
+        return
+    with sr:
+        chk.line("PASS", "standin start", f"healthy {st['healthy_s']}s, "
+                 f"first answer {st['first_answer_s']}s (checkpoint made in {res['make_s']}s)")
+        import httpx
+
+        entry = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]
+        dummy = (entry.get("omni_ray") or {}).get("dummy_weights") is True
+        chk.line("PASS" if dummy else "FAIL", "standin /v1/models says dummy",
+                 json.dumps(entry.get("omni_ray")))
+        bench = BENCH[dev]
+        for name, kw in cases(has_proc).items():
+            try:
+                got = ask(url, max_tokens=bench["max_tokens"], frames=bench["frames"], **kw)
+                ok, why = well_formed(got, bench["frames"], kw.get("audio", True))
+                n = 0 if got["pcm"] is None else len(got["pcm"])
+                numbers = (f"{got['tokens']} tokens, finish {got['finish']}, {n} samples = "
+                           f"{audio_frames(n) if n else 0:g} frames" + (f"; {why}" if why else ""))
+            except Exception as e:  # noqa: BLE001
+                ok, numbers = False, f"{type(e).__name__}: {e}"
+            res["answers"][name] = numbers
+            chk.line("PASS" if ok else "FAIL", f"standin {name} well-formed", numbers)
+        if not has_proc:
+            chk.line("SKIP", "standin speech-in well-formed", "no processor files")
+        serve_bench(chk, url, shape, st, cfg)
+
+
+def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict) -> None:
+    """The Serve benchmark at every concurrency level -> ``gpu_serve.json``."""
+    from benchmarks.serve_bench import bench
+
+    a, b = chk.args, BENCH[chk.args.device]
+    conc = [int(c) for c in a.concurrency.split(",")] if a.concurrency else b["concurrency"]
+    args = cfg["applications"][0]["args"]
+    setup = dict(config=str(BASE_CONFIG.relative_to(REPO_ROOT)), shape=shape,
+                 model=args["model"], max_tokens=b["max_tokens"], max_audio_frames=b["frames"],
+                 num_requests=a.num_requests or "max(2 x concurrency, 8)",
+                 pipeline=args["pipeline"], thinker=args["thinker"], talker=args["talker"],
+                 note="no API way to force exactly max_tokens: output_tokens_mean is what came")
+    levels = []
+    for c in conc:
+        if chk.left_s() < 30:
+            chk.line("SKIP", f"serve bench c={c}", f"{chk.left_s():.0f}s left")
+            continue
+        run = bench(url, f"standin-{shape}", concurrency=str(c), num_requests=a.num_requests,
+                    max_tokens=b["max_tokens"], max_audio_frames=b["frames"], warmup=1)[0]
+        s, m = run["summary"], run["summary"]["metrics"]
+        lv = dict(concurrency=c, ttft_p50_s=m["ttft"]["p50"], ttfa_p50_s=m["ttfa"]["p50"],
+                  ttfa_p99_s=m["ttfa"]["p99"], rtf_p50=m["rtf"]["p50"], rtf_p99=m["rtf"]["p99"],
+                  e2e_p50_s=m["e2e"]["p50"], text_tok_s=s["output_tokens_per_s"],
+                  audio_s_per_s=s["audio_seconds_per_s"], num_requests=s["num_requests"],
+                  num_ok=s["num_ok"], output_tokens_mean=m["output_tokens"]["mean"],
+                  audio_seconds_mean=m["audio_seconds"]["mean"], wall_s=s["wall_s"])
+        levels.append(lv)
+        write(a.out / "gpu_serve.json", dict(
+            commit=chk.data["commit"], dirty=chk.data["dirty"], device=chk.data["device"],
+            setup=setup, serve_run_to_healthy_s=st["healthy_s"],
+            serve_run_to_first_answer_s=st["first_answer_s"], levels=levels))
+        ok = s["num_ok"] == s["num_requests"]
+        chk.line("PASS" if ok else "FAIL", f"serve bench c={c}",
+                 f"ok {s['num_ok']}/{s['num_requests']}, ttft p50 {_f(lv['ttft_p50_s'])}s, "
+                 f"ttfa p50 {_f(lv['ttfa_p50_s'])}s p99 {_f(lv['ttfa_p99_s'])}s, rtf p50 "
+                 f"{_f(lv['rtf_p50'])} p99 {_f(lv['rtf_p99'])}, {lv['text_tok_s']:.1f} tok/s, "
+                 f"{lv['audio_s_per_s']:.2f} audio s/s, {_f(lv['output_tokens_mean'], 1)} "
+                 f"tokens/request")
+
+
+def phase_offline(chk: Check) -> None:
+    a = chk.args
+    out = a.out / "offline"
+    cmd = [sys.executable, "-m", "benchmarks.gpu_run", "--phase", "realsize", "--out", str(out),
+           "--device", a.device, "--time-budget", str(max(60, int(chk.left_s()) - 30))]
+    if a.device == "cpu":
+        cmd.append("--smoke")
+    t = time.perf_counter()
+    with open(a.out / "logs" / "offline.log", "wb") as log:
+        rc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(), stdout=log,
+                            stderr=subprocess.STDOUT).returncode
+    found = {p.name: json.loads(p.read_text()) for p in sorted(out.glob("gpu_realsize*.json"))}
+    chk.data["phases"]["offline"] = dict(rc=rc, results=found)
+    chk.line("PASS" if rc == 0 and found else "FAIL", "offline realsize",
+             f"rc {rc}, {len(found)} result file(s), {time.perf_counter() - t:.0f}s",
+             log_tail=tail(a.out / "logs" / "offline.log") if rc else None)
+
+
+PHASES = {"tiny": phase_tiny, "standin": phase_standin, "offline": phase_offline}
+
+
+def _f(v, nd=3) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def write(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def git(*cmd) -> str:
+    try:
+        return subprocess.run(["git", *cmd], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def versions() -> dict:
+    out = {}
+    for mod in ("torch", "vllm", "ray", "transformers", "openai", "httpx", "numpy"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - absent or broken: recorded as None
+            out[mod] = None
+    return out
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
+    ap.add_argument("--phases", default="tiny,standin", help="comma list of tiny,standin,offline")
+    ap.add_argument("--restarts", type=int, default=None, help="tiny starts (cuda 3, cpu 1)")
+    ap.add_argument("--serve-timeout", type=float, default=None,
+                    help="seconds from `serve run` to /health OK (cuda 600, cpu 300)")
+    ap.add_argument("--time-budget", type=float, default=3600,
+                    help="seconds; phases and levels past it print SKIP")
+    ap.add_argument("--shape", default=None, help="standin shape (cuda qwen3-omni-30b-a3b, "
+                    "cpu smoke)")
+    ap.add_argument("--concurrency", default="", help="standin bench levels (cuda 1,8,32; cpu 1,2)")
+    ap.add_argument("--num-requests", type=int, default=0,
+                    help="per level; 0: max(2 x concurrency, 8)")
+    ap.add_argument("--no-processor", action="store_true",
+                    help="tiny checkpoint without processor files (as without torchvision)")
+    ap.add_argument("--ray-stop", dest="ray_stop", action="store_true", default=None,
+                    help="`ray stop --force` after each start (default on cuda: a machine of "
+                         "its own; never on a shared CPU box, it ends everyone's Ray)")
+    ap.add_argument("--no-ray-stop", dest="ray_stop", action="store_false")
+    a = ap.parse_args(argv)
+    cuda = a.device == "cuda"
+    a.restarts = a.restarts if a.restarts is not None else (3 if cuda else 1)
+    a.serve_timeout = a.serve_timeout or (600 if cuda else 300)
+    a.ray_stop = cuda if a.ray_stop is None else a.ray_stop
+    unknown = set(a.phases.split(",")) - set(PHASES)
+    if unknown:
+        ap.error(f"unknown phase(s) {sorted(unknown)}; known: {list(PHASES)}")
+    return a
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    a = parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.device == "cpu":
+        import torch
+
+        torch.set_num_threads(1)
+    chk = Check(a)
+    info = machine_info()
+    chk.data.update(commit=git("rev-parse", "HEAD"), dirty=bool(git("status", "--short")),
+                    device=a.device, gpu=info["gpu"], versions=versions(), machine=info)
+    print(f"gpu_check {chk.data['commit'][:12]}{' (dirty)' if chk.data['dirty'] else ''} on "
+          f"{a.device} ({info['gpu'] or info['cpu']}), phases {a.phases}", flush=True)
+    for name in a.phases.split(","):
+        if chk.left_s() <= 0:
+            chk.line("SKIP", name, f"time budget {a.time_budget:.0f}s spent")
+            continue
+        try:
+            PHASES[name](chk)
+        except Exception as e:  # noqa: BLE001 - a crashed phase is a FAIL line, the rest runs
+            chk.line("FAIL", name, f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+            traceback.print_exc()
+    n = {s: sum(c["status"] == s for c in chk.checks) for s in ("PASS", "FAIL", "SKIP")}
+    summary = (f"{'FAIL' if n['FAIL'] else 'PASS'} gpu_check: {n['PASS']} passed, {n['FAIL']} "
+               f"failed, {n['SKIP']} skipped in {time.perf_counter() - chk.t0:.0f}s")
+    print(summary, flush=True)
+    chk.save(summary)
+    return 1 if n["FAIL"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

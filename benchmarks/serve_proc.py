@@ -1,0 +1,135 @@
+"""`serve run <config.yaml>` as a subprocess, the way an operator starts the app (gpu_check.py).
+
+The process runs in its own process group on a fresh local Ray cluster (``--address local``), with
+the repository root on ``PYTHONPATH`` (Ray's raylet and workers inherit ``serve run``'s environment,
+so no ``runtime_env`` is needed when omni_ray is not pip-installed) and a per-run marker variable:
+``stop()`` ends the process group, then every process that still carries the marker (Ray daemons
+and workers that left the group), by pid; ``ray_stop=True`` adds ``ray stop --force`` (a machine of
+its own only: it ends every Ray cluster of the user).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MARKER = "OMNI_RAY_SERVE_PROC"
+
+
+def cli(name: str) -> str:
+    """The ``serve`` / ``ray`` entry point next to this Python, else the one on PATH."""
+    local = Path(sys.executable).parent / name
+    found = str(local) if local.exists() else shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"no `{name}` command next to {sys.executable} or on PATH")
+    return found
+
+
+def child_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    env.update(extra or {})
+    return env
+
+
+def tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError as e:
+        return f"(no log: {e})"
+
+
+class ServeRun:
+    """``with ServeRun(cfg_yaml, log) as s: s.wait_healthy(url, timeout)``; stopped on exit."""
+
+    def __init__(self, config: Path, log: Path, env: dict | None = None, ray_stop: bool = False):
+        self.config, self.log, self.ray_stop = Path(config), Path(log), ray_stop
+        self.marker = uuid.uuid4().hex
+        self.env = child_env({**(env or {}), MARKER: self.marker})
+        self.proc: subprocess.Popen | None = None
+        self.t_launch: float | None = None
+
+    def __enter__(self) -> "ServeRun":
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._logf = open(self.log, "wb")
+        self.t_launch = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [cli("serve"), "run", "--address", "local", str(self.config)], cwd=REPO_ROOT,
+            env=self.env, stdout=self._logf, stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def wait_healthy(self, url: str, timeout_s: float) -> float:
+        """Seconds from launch until ``GET url/health`` answers 200; raises on exit or timeout."""
+        end = self.t_launch + timeout_s
+        while time.perf_counter() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"`serve run` exited with {self.proc.returncode}")
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    return time.perf_counter() - self.t_launch
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"not healthy after {timeout_s:.0f}s")
+
+    def since_launch(self) -> float:
+        return time.perf_counter() - self.t_launch
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            for sig, wait_s in ((signal.SIGINT, 60), (signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                    self.proc.wait(wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+                except ProcessLookupError:
+                    break
+        kill_marked(self.marker)
+        if self.ray_stop:
+            subprocess.run([cli("ray"), "stop", "--force"], env=self.env, capture_output=True,
+                           timeout=120)
+        if not self._logf.closed:
+            self._logf.close()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Pids of this user's processes whose environment holds ``MARKER=marker``."""
+    needle = f"{MARKER}={marker}".encode()
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if needle in (d / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+def kill_marked(marker: str, grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``, to every process started for this run."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = marked_pids(marker)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + grace_s
+        while pids and marked_pids(marker) and time.monotonic() < end:
+            time.sleep(0.2)

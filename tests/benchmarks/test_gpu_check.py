@@ -1,0 +1,142 @@
+"""benchmarks/gpu_check.py: its comparison can fail, its config builds, and on CPU the whole check
+(`serve run` subprocess, openai client, offline transformers pipeline) passes end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root holds benchmarks/
+
+from benchmarks import gpu_check  # noqa: E402
+from benchmarks.gpu_check import (  # noqa: E402
+    BF16_MIN_EQUAL_TEXT_TOKENS,
+    SAMPLES_PER_FRAME,
+    WITHHELD_SAMPLES,
+    compare_answers,
+    well_formed,
+)
+
+LEVEL_KEYS = {"concurrency", "ttft_p50_s", "ttfa_p50_s", "ttfa_p99_s", "rtf_p50", "rtf_p99",
+              "text_tok_s", "audio_s_per_s", "num_requests"}
+
+
+def words(s: str) -> list[str]:
+    return s.split()
+
+
+def answer(text: str, frames: int = 3, seed: int = 0) -> dict:
+    pcm = np.random.default_rng(seed).integers(-9000, 9000, frames * SAMPLES_PER_FRAME - WITHHELD_SAMPLES)
+    return dict(text=text, pcm=pcm.astype("<i2"), finish="length")
+
+
+# -- the comparison must be able to fail ---------------------------------------------------------
+def test_equal_answers_pass_and_one_lsb_is_allowed():
+    ref = answer("a b c d")
+    got = dict(ref, pcm=(ref["pcm"].astype(int) + 1).astype("<i2"))
+    c = compare_answers(ref, got, words, exact=True)
+    assert c["ok"] and c["first_text_diff"] is None and c["first_frame_diff"] is None
+    assert c["pcm_max_diff"] == 1
+
+
+def test_a_different_text_fails_in_float32():
+    c = compare_answers(answer("a b c d"), answer("a b x d"), words, exact=True)
+    assert not c["ok"] and c["first_text_diff"] == 2
+
+
+def test_different_audio_fails_in_float32_and_names_the_frame():
+    ref = answer("a b", frames=3)
+    pcm = ref["pcm"].copy()
+    pcm[2 * SAMPLES_PER_FRAME + 5] += 2
+    c = compare_answers(ref, dict(ref, pcm=pcm), words, exact=True)
+    assert not c["ok"] and c["first_frame_diff"] == 2 and c["pcm_max_diff"] == 2
+    shorter = compare_answers(ref, dict(ref, pcm=ref["pcm"][:SAMPLES_PER_FRAME]), words, True)
+    assert not shorter["ok"] and shorter["first_frame_diff"] == 1
+
+
+def test_bf16_allowance_is_a_text_prefix():
+    n = BF16_MIN_EQUAL_TEXT_TOKENS
+    ref = answer(" ".join(f"w{i}" for i in range(2 * n)))
+    late = " ".join(f"w{i}" if i < n else "x" for i in range(2 * n))
+    early = " ".join(f"w{i}" if i < n - 1 else "x" for i in range(2 * n))
+    assert compare_answers(ref, answer(late, seed=1), words, exact=False)["ok"]
+    c = compare_answers(ref, answer(early, seed=1), words, exact=False)
+    assert not c["ok"] and c["first_text_diff"] == n - 1
+
+
+def test_well_formed_audio_is_whole_frames_within_the_limit():
+    assert well_formed(answer("hi", frames=1), frames=3, audio=True)[0]
+    assert well_formed(answer("hi", frames=3), frames=3, audio=True)[0]
+    assert not well_formed(answer("hi", frames=4), frames=3, audio=True)[0]
+    cut = answer("hi")
+    cut["pcm"] = cut["pcm"][:-7]
+    assert not well_formed(cut, frames=3, audio=True)[0]
+    assert not well_formed(dict(text="", pcm=None, finish="stop"), frames=3, audio=False)[0]
+
+
+def test_cpu_config_validates_and_drops_gpu_values():
+    from omni_ray.config.serving import OmniServingArgs
+
+    for tiny in (True, False):
+        cfg = gpu_check.app_config("/tmp/none", "cpu", 1234, tiny=tiny, dummy=False,
+                                   processor=True)
+        args = cfg["applications"][0]["args"]
+        OmniServingArgs(**args)
+        assert cfg["http_options"] == {"host": "127.0.0.1", "port": 1234}
+        for stage in ("thinker", "talker", "code2wav"):
+            assert args[stage]["device"] == "cpu" and args[stage]["dtype"] == "float32"
+            assert args[stage]["engine_resources"]["num_gpus"] == 0
+        assert "gpu_memory_utilization" not in args["thinker"]["engine_kwargs"]
+        assert ("default_sampling" in args["thinker"]) is not tiny  # tiny: greedy
+
+
+def test_cuda_config_keeps_the_yaml_gpu_values():
+    cfg = gpu_check.app_config("/tmp/none", "cuda", 1234, tiny=True, dummy=False, processor=False)
+    args = cfg["applications"][0]["args"]
+    assert args["thinker"]["device"] == "cuda" and args["thinker"]["dtype"] == "bfloat16"
+    assert args["thinker"]["engine_resources"]["num_gpus"] > 0
+    assert "enforce_eager" not in args["talker"]["engine_kwargs"]  # compiled on GPU
+    assert args["thinker"]["engine_kwargs"]["limit_mm_per_prompt"]["audio"] == 0
+
+
+# -- end to end on CPU ---------------------------------------------------------------------------
+def run_check(tmp_path: Path, *argv: str) -> tuple[int, list[str], dict]:
+    rc = gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--restarts", "1", *argv])
+    lines = (tmp_path / "gpu_check.txt").read_text().splitlines()
+    return rc, lines, json.loads((tmp_path / "gpu_check.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+def test_tiny_phase_passes_on_cpu(tmp_path):
+    rc, lines, data = run_check(tmp_path, "--phases", "tiny")
+    assert rc == 0, "\n".join(lines)
+    assert all(line.startswith(("PASS", "SKIP")) for line in lines), lines
+    names = {c["name"] for c in data["checks"] if c["status"] == "PASS"}
+    assert {"tiny start 1/1", "tiny text == offline cpu", "tiny audio-stream == offline cpu",
+            "tiny audio-wav == offline cpu", "tiny speech-in == offline cpu"} <= names
+    assert len(data["commit"]) == 40 and isinstance(data["dirty"], bool)
+    assert {"torch", "vllm", "ray"} <= set(data["versions"])
+    assert lines[-1].startswith("PASS gpu_check:")
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+@pytest.mark.skipif(importlib.util.find_spec("omni_ray.models.dummy") is None,
+                    reason="make_dummy_checkpoint has not landed")
+def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
+    rc, lines, _ = run_check(tmp_path, "--phases", "standin", "--num-requests", "2")
+    assert rc == 0, "\n".join(lines)
+    assert any(line.startswith("PASS standin /v1/models says dummy") for line in lines)
+    serve = json.loads((tmp_path / "gpu_serve.json").read_text())
+    assert {"commit", "device", "setup", "serve_run_to_healthy_s", "levels"} <= set(serve)
+    assert [lv["concurrency"] for lv in serve["levels"]] == [1, 2]
+    for lv in serve["levels"]:
+        assert LEVEL_KEYS <= set(lv) and lv["num_ok"] == lv["num_requests"] == 2
