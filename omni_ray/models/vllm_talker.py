@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import ClassVar, Literal
 
 import torch
-from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
+from vllm.model_executor.models.qwen3_vl_moe import Qwen3MoeLLMForCausalLM
 from vllm.v1.core.sched.scheduler import Scheduler
 
 # checkpoint name prefix -> vLLM Qwen3MoeForCausalLM name prefix (first match wins)
@@ -37,12 +37,18 @@ _RENAMES = (
 )
 
 
-class OmniRayQwen3OmniTalkerForCausalLM(Qwen3MoeForCausalLM):
+class OmniRayQwen3OmniTalkerForCausalLM(Qwen3MoeLLMForCausalLM):
     """Talker backbone + codec head; per-step inputs come from ``omni_bridge`` (see module doc).
 
     The talker uses 3-D (mrope) positions. Text-only prompts get three equal rows here; a
     multimodal prompt's rows come from the runner (transformers' ``get_rope_index`` on the
-    prompt's layout), which hands them to vLLM's model runner for that request."""
+    prompt's layout), which hands them to vLLM's model runner for that request.
+
+    The base is vLLM's Qwen3-MoE language model *as Qwen3-VL/Omni use it*
+    (``Qwen3MoeLLMForCausalLM``): the same layers and weights as ``Qwen3MoeForCausalLM``, but
+    compiled with the token count on the last dimension of ``positions`` ([3, tokens] under
+    mrope). Plain ``Qwen3MoeForCausalLM`` marks dimension 0 (the 3) dynamic, so torch.compile
+    specialised the token count and the compiled talker failed to build."""
 
     omni_bridge = None  # set by VllmTalkerRunner once the engine is up
     supports_mrope: ClassVar[Literal[True]] = True

@@ -1,23 +1,17 @@
 """Capture the thinker's accept-layer hidden states at the multimodal prompt positions in vLLM.
 
-The talker conditions on the thinker's hidden states after decoder layer ``accept_hidden_layer``
-at the audio / image positions of the prompt (transformers' ``hidden_states[accept_hidden_layer]``:
-the layer's output, before any deepstack addition). vLLM has no API for intermediate hidden
-states, so this is a forward hook on that decoder layer, reading the batch layout from the
-model runner. It relies on these vLLM 0.26 internals (checked at install; the parity tests in
-tests/vllm fail if they move):
+The model (``omni_ray.models.vllm_thinker``) copies decoder layer ``accept_hidden_layer``'s output
+rows of every forward into a buffer, compiled and CUDA-graphed or not; this reads the rows of the
+registered requests' multimodal positions out of it right after the forward, in a wrapper on the
+model's ``compute_logits`` (which vLLM calls eagerly, once per step, after the forward). It relies
+on these vLLM 0.26 internals (checked here; the parity tests in tests/vllm fail if they move):
 
 * the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and its worker is
   ``engine.model_executor.driver_worker.worker`` with a ``model_runner``;
-* the Qwen3-Omni thinker's decoder layers are ``model.language_model.model.layers`` and each
-  returns ``(hidden_states, residual)`` with the layer output equal to their sum;
-* during a forward, ``model_runner.input_batch.req_ids[:num_reqs]`` lists the batch's requests in
+* during a step, ``model_runner.input_batch.req_ids[:num_reqs]`` lists the batch's requests in
   row order (vLLM's internal ids: ours plus ``-`` and a random suffix), ``model_runner.
   query_start_loc.np`` their row ranges, and ``input_batch.num_computed_tokens_cpu`` the prompt
   position of each request's first row.
-
-The hook runs in Python on every forward, so the model must run eagerly (no CUDA graphs /
-torch.compile of the decoder layers): true on CPU with ``enforce_eager``.
 """
 
 from __future__ import annotations
@@ -36,19 +30,22 @@ class _Want:
 class MMHiddenCapture:
     """Collects, per registered request, the accept-layer rows at its multimodal positions."""
 
-    def __init__(self, engine, accept_hidden_layer: int):
-        if accept_hidden_layer < 1:
-            raise ValueError("accept_hidden_layer must be >= 1 (a decoder layer's output)")
+    def __init__(self, engine):
         try:
             runner = engine.model_executor.driver_worker.worker.model_runner
-            layers = runner.get_model().language_model.model.layers
+            model = runner.get_model()
             runner.input_batch, runner.query_start_loc  # noqa: B018 - fail now if they moved
         except AttributeError as e:
-            raise RuntimeError("vLLM internals the multimodal hidden-state hook relies on "
+            raise RuntimeError("vLLM internals the multimodal hidden-state capture relies on "
                                f"have moved ({e}); see omni_ray/runners/vllm_hidden.py") from e
+        if getattr(model, "omni_rows", lambda: None)() is None:
+            raise RuntimeError("the vLLM thinker was not built with omni_ray's capture layer "
+                               "(hf_overrides architectures / omni_ray_capture_layer)")
         self._runner = runner
+        self._model = model
         self._want: dict[str, _Want] = {}
-        self._handle = layers[accept_hidden_layer - 1].register_forward_hook(self._hook)
+        self._compute_logits = model.compute_logits
+        model.compute_logits = self._after_forward
 
     def register(self, request_id: str, mm_positions: list[int]) -> None:
         self._want[request_id] = _Want(sorted(mm_positions))
@@ -66,14 +63,15 @@ class MMHiddenCapture:
         return torch.stack([want.rows[p] for p in want.positions])
 
     def close(self) -> None:
-        self._handle.remove()
+        self._model.compute_logits = self._compute_logits
         self._want.clear()
 
-    def _hook(self, module, inputs, output) -> None:
-        if not self._want:
-            return
-        hidden, residual = output
-        layer_out = hidden if residual is None else hidden + residual
+    def _after_forward(self, hidden_states):
+        if self._want:
+            self._collect(self._model.omni_rows())
+        return self._compute_logits(hidden_states)
+
+    def _collect(self, layer_out: torch.Tensor) -> None:
         batch = self._runner.input_batch
         starts = self._runner.query_start_loc.np
         for i, internal in enumerate(batch.req_ids[:batch.num_reqs]):

@@ -65,7 +65,7 @@ class VllmThinkerRunner:
         and code2wav on the same device. ``media_per_prompt``: audio clips and images a prompt
         may hold (vLLM's ``limit_mm_per_prompt``; 0: text only, no encoder profiling).
         ``accept_hidden_layer`` (default: the checkpoint's talker's): capture the talker's hidden
-        states for media prompts (needs the engine in this process and eager execution).
+        states for media prompts (needs the engine in this process; compiled or eager).
         ``kv_transfer``: the prefill/decode hand-off (``prefill_only`` / ``add_prefilled_kv``)
         through omni_ray's KV connector (runners/vllm_kv_connector.py; in-process engine). ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged
         and override the arguments above. ``eos_token_ids`` default to the checkpoint's
@@ -97,6 +97,22 @@ class VllmThinkerRunner:
 
             args["kv_transfer_config"] = KVTransferConfig(**CONFIG)
         args.update(engine_kwargs or {})
+        config = json.loads((self.model_dir / "config.json").read_text())
+        if accept_hidden_layer is None:  # the checkpoint's talker's, if it has a talker
+            accept_hidden_layer = config.get("talker_config", {}).get("accept_hidden_layer")
+        mm_limits = args["limit_mm_per_prompt"]
+        self.media = mm_limits.get("audio", 0) > 0 or mm_limits.get("image", 0) > 0
+        capture = self.media and bool(accept_hidden_layer) and not multiprocessing
+        if capture:  # the thinker model that copies the talker's rows, compiled or not
+            from omni_ray.models.vllm_plugin import THINKER_ARCHITECTURE, register
+            from omni_ray.models.vllm_thinker import CAPTURE_LAYER_KEY
+
+            if accept_hidden_layer < 1:
+                raise ValueError("accept_hidden_layer must be >= 1 (a decoder layer's output)")
+            register()
+            args["hf_overrides"] = {**(args.get("hf_overrides") or {}),
+                                    "architectures": [THINKER_ARCHITECTURE],
+                                    CAPTURE_LAYER_KEY: int(accept_hidden_layer)}
         self.kv_transfer = kv_transfer
         self.max_num_seqs = args["max_num_seqs"]
         from omni_ray.runners.vllm_process import shared_workspace
@@ -107,25 +123,16 @@ class VllmThinkerRunner:
         self._first: dict[str, int] = {}  # prefilled elsewhere: the token to emit first
         self._done_early: list[ThinkerStepOutput] = []  # prefilled requests that end at once
         self._mm: dict[str, tuple[list[int], MultiModalInputs]] = {}  # until the first output
-        self.media = args["limit_mm_per_prompt"].get("audio", 0) > 0 or \
-            args["limit_mm_per_prompt"].get("image", 0) > 0
-        config = json.loads((self.model_dir / "config.json").read_text())
         th = config["thinker_config"]
         self._mm_ids = {th["audio_token_id"], th["image_token_id"], th["video_token_id"]}
-        if accept_hidden_layer is None:  # the checkpoint's talker's, if it has a talker
-            accept_hidden_layer = config.get("talker_config", {}).get("accept_hidden_layer")
         self._capture = None
         self._no_capture = None  # why media prompts cannot get the talker's hidden states
-        if self.media and accept_hidden_layer:
-            if multiprocessing:
-                self._no_capture = "the vLLM engine core runs in another process"
-            elif not args["enforce_eager"]:
-                self._no_capture = ("the vLLM thinker is compiled; set engine_kwargs.enforce_eager"
-                                    ": true (the hidden-state hook runs in Python)")
-            else:
-                from omni_ray.runners.vllm_hidden import MMHiddenCapture
+        if capture:
+            from omni_ray.runners.vllm_hidden import MMHiddenCapture
 
-                self._capture = MMHiddenCapture(self.engine, accept_hidden_layer)
+            self._capture = MMHiddenCapture(self.engine)
+        elif self.media and accept_hidden_layer:
+            self._no_capture = "the vLLM engine core runs in another process"
 
     # -- request lifecycle -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,

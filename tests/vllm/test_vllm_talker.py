@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm_helpers import SMALL_ENGINE, VLLM_TESTS, idle_runner
+from vllm_helpers import (SMALL_ENGINE, VLLM_TESTS, assert_same_answers, idle_runner,
+                          media_requests, pipeline_run, text_requests)
 
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
@@ -17,32 +18,6 @@ from omni_ray.payload import FinishReason
 pytestmark = VLLM_TESTS
 GREEDY = SamplingParams()
 ENGINE_KWARGS = SMALL_ENGINE
-# (text, max_tokens, max_audio_frames): a one-token answer (only tts_eos to speak), answers
-# ending by length and by end of turn, one long enough to fill many frames.
-SPECS = [("Hi", 1, 12), ("Hi", 20, 60), ("Tell me a story about a cat.", 30, 90),
-         ("What is 2+2? " * 8, 6, 40)]
-
-
-def _requests(omni):
-    return [omni.request([{"role": "user", "content": t}], request_id=f"r{i}", max_tokens=n,
-                         max_audio_frames=f) for i, (t, n, f) in enumerate(SPECS)]
-
-
-def _run(omni, mode):
-    omni.pipeline = omni.pipeline.model_copy(update={"mode": mode})
-    return omni.generate(_requests(omni))
-
-
-def _assert_same(ref_outs, outs):
-    for a, b in zip(ref_outs, outs):
-        assert b.text_token_ids == a.text_token_ids, a.request_id
-        assert b.finish_reason == a.finish_reason, a.request_id
-        assert b.codec_frames.shape == a.codec_frames.shape, a.request_id
-        assert torch.equal(b.codec_frames, a.codec_frames), a.request_id
-        peak = float(a.audio.abs().max()) or 1.0
-        assert float((a.audio - b.audio).abs().max()) <= 1e-5 * peak, a.request_id
-
-
 @pytest.fixture(scope="module")
 def hf_omni(tiny_model_dir):
     from omni_ray.offline import Omni
@@ -78,8 +53,8 @@ def hf_talker(tiny_model_dir):
 @pytest.fixture(scope="module")
 def thinker_out(hf_omni):
     """Prompt and thinker text of each SPECS request (transformers thinker)."""
-    reqs = _requests(hf_omni)
-    outs = _run(hf_omni, "sync")
+    reqs = text_requests(hf_omni)
+    outs = pipeline_run(hf_omni, "sync")
     return [(r.request_id, r.prompt_token_ids, o.text_token_ids, r.max_audio_frames)
             for r, o in zip(reqs, outs)]
 
@@ -117,7 +92,7 @@ def _drive(runner, feeds, steps_between=0):
 def test_mixed_pipeline_equals_transformers(hf_omni, mixed_omni, mode):
     """transformers thinker + vLLM talker + code2wav == the transformers pipeline: same text,
     same codec frames, same audio, four requests decoded together."""
-    _assert_same(_run(hf_omni, mode), _run(mixed_omni, mode))
+    assert_same_answers(pipeline_run(hf_omni, mode), pipeline_run(mixed_omni, mode))
 
 
 # -- the runner --------------------------------------------------------------------------------
@@ -184,32 +159,16 @@ def test_abort_mid_stream_leaves_nothing(talker, thinker_out):
     assert not talker.abort(rid)
 
 
-def _media_requests(omni):
-    """An audio, an image and an audio+image prompt (the talker gets the thinker's hidden states
-    at their positions and computes 3-D positions from their layout)."""
-    from media_samples import audio_bytes, picture, tone
-
-    from omni_ray.inputs.audio import decode_audio
-
-    audio = decode_audio(audio_bytes(tone(1.5)), "wav", max_seconds=10)
-    kinds = {"audio": [{"type": "audio", "audio": audio}],
-             "image": [{"type": "image", "image": picture(96, 64)}]}
-    kinds["both"] = kinds["audio"] + kinds["image"]
-    return [omni.request([{"role": "user", "content": parts + [
-        {"type": "text", "text": "What do you hear and see?"}]}], request_id=f"m-{k}",
-        max_tokens=10, max_audio_frames=40) for k, parts in kinds.items()]
-
-
 @pytest.mark.parametrize("mode", ["sync", "async_chunk"])
 def test_media_prompts_equal_transformers(hf_omni, mixed_omni, mode):
     """Audio / image prompts: the vLLM talker gets the prompt's 3-D positions and decode offset
     through the model runner hook, and speaks exactly like the transformers talker."""
     for omni in (hf_omni, mixed_omni):
         omni.pipeline = omni.pipeline.model_copy(update={"mode": mode})
-    ref = hf_omni.generate(_media_requests(hf_omni))
-    got = mixed_omni.generate(_media_requests(mixed_omni))
+    ref = hf_omni.generate(media_requests(hf_omni))
+    got = mixed_omni.generate(media_requests(mixed_omni))
     assert all(o.error is None and o.codec_frames.shape[0] > 0 for o in got)
-    _assert_same(ref, got)
+    assert_same_answers(ref, got)
     assert not mixed_omni.talker._bridge.positions  # every hand-over was taken
 
 
@@ -217,9 +176,9 @@ def test_media_positions_are_used(hf_omni, mixed_omni, monkeypatch):
     """Negative control: with text-only positions (the hook bypassed) the frames differ."""
     mixed_omni.pipeline = mixed_omni.pipeline.model_copy(update={"mode": "sync"})
     hf_omni.pipeline = hf_omni.pipeline.model_copy(update={"mode": "sync"})
-    ref = hf_omni.generate(_media_requests(hf_omni)[2:3])  # audio + image
+    ref = hf_omni.generate(media_requests(hf_omni)[2:3])  # audio + image
     monkeypatch.setattr(mixed_omni.talker.inputs, "mm_positions", lambda seq, n: None)
-    got = mixed_omni.generate(_media_requests(mixed_omni)[2:3])
+    got = mixed_omni.generate(media_requests(mixed_omni)[2:3])
     assert got[0].text_token_ids == ref[0].text_token_ids
     assert not torch.equal(got[0].codec_frames, ref[0].codec_frames)
 
@@ -272,6 +231,6 @@ def test_all_vllm_pipeline_equals_transformers(hf_omni, tiny_model_dir):
                 thinker_engine_kwargs=ENGINE_KWARGS, talker_engine_kwargs=ENGINE_KWARGS)
     try:
         for mode in ("sync", "async_chunk"):
-            _assert_same(_run(hf_omni, mode), _run(omni, mode))
+            assert_same_answers(pipeline_run(hf_omni, mode), pipeline_run(omni, mode))
     finally:
         omni.shutdown()

@@ -252,15 +252,16 @@ def test_media_request_errors_stay_with_the_request(vllm_runner, tiny_model_dir)
     assert not vllm_runner.has_unfinished()
 
 
-def test_compiled_engine_refuses_media_naming_why(tiny_model_dir):
-    """The hook cannot run inside a compiled model: media prompts get a clear error there (a 400
-    at the ingress) instead of a talker without its hidden states. Built without starting a
-    second engine: the check is on the runner's own state."""
+def test_engine_in_another_process_refuses_media_naming_why(tiny_model_dir):
+    """The capture needs the engine core in this process: media prompts to an engine in another
+    process get a clear error (a 400 at the ingress) instead of a talker without its hidden
+    states. Built without starting a second engine: the check is on the runner's own state.
+    (Compiled engines capture: tests/vllm/test_vllm_compiled.py.)"""
     from omni_ray.runners.vllm_thinker import VllmThinkerRunner
 
     runner = VllmThinkerRunner.__new__(VllmThinkerRunner)
     runner.media, runner._capture, runner._mm = True, None, {}
-    runner._no_capture = "the vLLM thinker is compiled; set engine_kwargs.enforce_eager: true"
+    runner._no_capture = "the vLLM engine core runs in another process"
     runner._mm_ids = {151675, 151655, 151656}
-    with pytest.raises(ValueError, match="enforce_eager"):
+    with pytest.raises(ValueError, match="another process"):
         runner._media_prompt("r", [1, 151675, 151675, 2], None)
