@@ -4,7 +4,8 @@ The app from ``serve_configs/qwen3_omni_1gpu.yaml`` started with the real ``serv
 
 * ``tiny``: the tiny checkpoint, greedy; ``--restarts`` starts in a row, each timed to healthy and
   one answer; text only, text + audio (streamed pcm16, wav), speech in -> text + audio, each
-  compared with the offline transformers pipeline (``compare_answers``, README "Parity");
+  compared with the offline transformers pipeline (``answers.compare_answers``; README "GPU
+  check", "Parity allowance");
 * ``standin``: ``make_dummy_checkpoint`` at real size (``smoke`` on CPU), the yaml's own settings;
   ``/v1/models`` says dummy, well-formed answers, then the Serve benchmark -> ``gpu_serve.json``;
 * ``offline`` (only when asked for): ``benchmarks.gpu_run --phase realsize``, its JSON copied in.
@@ -19,9 +20,7 @@ One line a check, ``PASS|FAIL|SKIP <name>: <numbers>``, then a summary; exit 1 o
 from __future__ import annotations
 
 import argparse
-import base64
 import copy
-import io
 import json
 import os
 import shutil
@@ -30,32 +29,20 @@ import sys
 import tempfile
 import time
 import traceback
-import wave
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: make ``benchmarks`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
 import yaml
 
-from benchmarks.client import spoken_question
-from benchmarks.machine import machine_info
+from benchmarks.answers import (ask, audio_frames, cases, compare_answers, offline_answers,
+                               well_formed)
 from benchmarks.launch import free_port
+from benchmarks.machine import machine_info
 from benchmarks.serve_proc import REPO_ROOT, ServeRun, child_env, tail
 
 BASE_CONFIG = REPO_ROOT / "serve_configs" / "qwen3_omni_1gpu.yaml"
-SAMPLES_PER_FRAME = 1920  # one 80 ms codec frame at 24 kHz
-# code2wav's causal convolutions hold back 555 samples: N frames -> N * 1920 - 555 samples
-# (README.md "Delivery modes", omni_ray/runners/code2wav_stream.py), streamed or not.
-WITHHELD_SAMPLES = 555
-# bfloat16 allowance (benchmarks/README.md "Parity"): bf16 moves near-tied argmaxes of random
-# weights, so the app (vLLM, compiled) and transformers may part after a while; the first this
-# many text tokens must agree. float32 must be exact (text) and within PCM16_LSB (audio).
-BF16_MIN_EQUAL_TEXT_TOKENS = 8
-PCM16_LSB = 1
-PROMPT = "Tell me about the sea in a few words."
-QUESTION = "What do you hear?"
 TINY = dict(max_model_len=2048, max_prompt_tokens=1024, max_tokens=24, frames=50,
             kv={"cuda": (1 << 30, 512 << 20), "cpu": (128 << 20, 128 << 20)})
 BENCH = {"cuda": dict(concurrency=[1, 8, 32], max_tokens=128, frames=150),
@@ -95,9 +82,9 @@ def app_config(model_dir: str, device: str, port: int, *, tiny: bool, dummy: boo
             ek["kv_cache_memory_bytes"] = TINY["kv"]["cpu"][i]
             ek["max_model_len"] = min(ek.get("max_model_len", 2048), 2048)
             ek["max_num_batched_tokens"] = 512
-    if not processor:  # no processor files: vLLM's thinker must not look for them
-        args["thinker"]["engine_kwargs"]["limit_mm_per_prompt"] = {"image": 0, "video": 0,
-                                                                   "audio": 0}
+    if not processor:  # no processor files: vLLM's thinker must not look for them (gpu_run's)
+        args["thinker"]["engine_kwargs"].update(
+            limit_mm_per_prompt={"image": 0, "video": 0, "audio": 0}, skip_tokenizer_init=True)
     if device == "cpu":
         args["max_model_len"] = min(args["max_model_len"], 2048)
         args["limits"]["max_prompt_tokens"] = min(args["limits"]["max_prompt_tokens"], 1024)
@@ -111,140 +98,6 @@ def write_config(cfg: dict, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
-
-
-# -- requests ------------------------------------------------------------------------------------
-def ask(url: str, *, audio_in: bytes | None = None, audio: bool = True, stream: bool = False,
-        max_tokens: int, frames: int, model: str = "qwen3-omni") -> dict:
-    """One chat completion through the openai client: text, pcm16 (int16 array or None),
-    finish_reason, completion_tokens."""
-    from openai import OpenAI
-
-    client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
-    content: list | str = PROMPT
-    if audio_in is not None:
-        content = [{"type": "input_audio", "input_audio": {
-            "data": base64.b64encode(audio_in).decode(), "format": "wav"}},
-            {"type": "text", "text": QUESTION}]
-    kw = dict(model=model, max_tokens=max_tokens, messages=[{"role": "user", "content": content}],
-              modalities=["text", "audio"] if audio else ["text"],
-              extra_body={"max_audio_frames": frames})
-    if audio:
-        kw["audio"] = {"voice": "ethan", "format": "pcm16" if stream else "wav"}
-    if not stream:
-        r = client.chat.completions.create(**kw)
-        msg, pcm = r.choices[0].message, None
-        if msg.audio is not None:
-            with wave.open(io.BytesIO(base64.b64decode(msg.audio.data))) as w:
-                pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
-        return dict(text=msg.content or "", pcm=pcm, finish=r.choices[0].finish_reason,
-                    tokens=r.usage.completion_tokens if r.usage else None)
-    text, pcm, finish, tokens = [], [], None, None
-    for ch in client.chat.completions.create(stream=True, stream_options={"include_usage": True},
-                                             **kw):
-        tokens = ch.usage.completion_tokens if ch.usage else tokens
-        if not ch.choices:
-            continue
-        d = ch.choices[0].delta
-        finish = ch.choices[0].finish_reason or finish
-        text.append(d.content or "")
-        a = getattr(d, "audio", None) or (d.model_extra or {}).get("audio")
-        data = a.get("data") if isinstance(a, dict) else getattr(a, "data", None)
-        if data:
-            pcm.append(np.frombuffer(base64.b64decode(data), dtype="<i2"))
-    return dict(text="".join(text), pcm=np.concatenate(pcm) if pcm else None, finish=finish,
-                tokens=tokens)
-
-
-def cases(has_processor: bool) -> dict:
-    """name -> ask() keywords: (a) text only, (b) text + audio streamed / wav, (c) speech in."""
-    out = {"text": dict(audio=False), "audio-stream": dict(stream=True),
-           "audio-wav": dict(stream=False)}
-    if has_processor:
-        out["speech-in"] = dict(audio_in=spoken_question(1.5), stream=True)
-    return out
-
-
-def offline_answers(model_dir: str, device: str, pipeline: dict, todo: dict, max_tokens: int,
-                    frames: int) -> dict:
-    """The offline transformers pipeline's greedy answer to each case: text, pcm16 int16."""
-    import torch
-
-    from omni_ray.audio import to_pcm16
-    from omni_ray.config.pipeline import PipelineConfig
-    from omni_ray.config.request import OmniRequest
-    from omni_ray.inputs.audio import decode_audio
-    from omni_ray.offline import Omni
-
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    omni = Omni(model_dir, mode=pipeline.get("mode", "async_chunk"), device=device, dtype=dtype,
-                pipeline=PipelineConfig(**pipeline))
-    out = {}
-    for name, kw in todo.items():
-        fields = dict(request_id=name, max_tokens=max_tokens, max_audio_frames=frames,
-                      speaker="ethan",
-                      modalities=("text", "audio") if kw.get("audio", True) else ("text",))
-        if kw.get("audio_in") is None:
-            req = OmniRequest(prompt_token_ids=omni.prompt_ids(PROMPT), **fields)
-        else:
-            speech = decode_audio(kw["audio_in"], "wav", max_seconds=300)
-            req = omni.request([{"role": "user", "content": [
-                {"type": "audio", "audio": speech}, {"type": "text", "text": QUESTION}]}],
-                **fields)
-        o = omni.generate(req)[0]
-        pcm = np.frombuffer(to_pcm16(o.audio), dtype="<i2") if o.audio.numel() else None
-        out[name] = dict(text=o.text, pcm=pcm, frames=int(o.codec_frames.shape[0]))
-    omni.shutdown()
-    del omni
-    if device != "cpu":
-        torch.cuda.empty_cache()
-    return out
-
-
-def compare_answers(ref: dict, got: dict, tokenize, exact: bool) -> dict:
-    """``got`` (the app's) against ``ref`` (offline): first differing text token and 80 ms frame,
-    PCM max |diff|. ``exact`` (float32): same text, same length, PCM within ``PCM16_LSB``; else
-    (bfloat16) the first ``BF16_MIN_EQUAL_TEXT_TOKENS`` text tokens equal."""
-    rt, gt = tokenize(ref["text"]), tokenize(got["text"])
-    first_tok = next((i for i, (a, b) in enumerate(zip(rt, gt)) if a != b), min(len(rt), len(gt)))
-    if first_tok == len(rt) == len(gt):
-        first_tok = None
-    res = dict(text_tokens=len(rt), first_text_diff=first_tok, same_text=ref["text"] == got["text"])
-    rp, gp = ref.get("pcm"), got.get("pcm")
-    audio_ok = (rp is None) == (gp is None)
-    if rp is not None and gp is not None:
-        n = min(len(rp), len(gp))
-        diff = np.abs(rp[:n].astype(np.int32) - gp[:n].astype(np.int32))
-        bad = np.nonzero(diff > PCM16_LSB)[0]
-        first_frame = int(bad[0]) // SAMPLES_PER_FRAME if bad.size else (
-            None if len(rp) == len(gp) else n // SAMPLES_PER_FRAME)
-        res.update(ref_samples=len(rp), samples=len(gp), pcm_max_diff=int(diff.max(initial=0)),
-                   first_frame_diff=first_frame)
-        audio_ok = first_frame is None
-    if exact:
-        res["ok"] = res["same_text"] and audio_ok
-    else:
-        res["ok"] = res["same_text"] or (first_tok or 0) >= BF16_MIN_EQUAL_TEXT_TOKENS
-    return res
-
-
-def audio_frames(samples: int) -> float:
-    """The codec frames that ``samples`` PCM samples came from (whole when well-formed)."""
-    return (samples + WITHHELD_SAMPLES) / SAMPLES_PER_FRAME
-
-
-def well_formed(ans: dict, frames: int, audio: bool) -> tuple[bool, str]:
-    """Non-empty text (or finish 'length'); audio from a whole number of frames, 1..``frames``."""
-    problems = []
-    if not ans["text"] and ans["finish"] != "length":
-        problems.append(f"empty text, finish={ans['finish']}")
-    if audio:
-        n = 0 if ans["pcm"] is None else len(ans["pcm"])
-        f = audio_frames(n) if n else 0
-        if not (f == int(f) and 1 <= f <= frames):
-            problems.append(f"{n} samples is not N * {SAMPLES_PER_FRAME} - {WITHHELD_SAMPLES} "
-                            f"for N in 1..{frames}")
-    return not problems, "; ".join(problems)
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -296,19 +149,15 @@ def make_checkpoint(kind: str, out: Path, shape: str | None = None, processor: b
     return str(make(out, processor=False, **kw)), False
 
 
-def start(chk: Check, cfg: dict, tag: str, ray_stop: bool) -> ServeRun:
-    """Launch ``serve run`` on ``cfg``; returns the running ServeRun (caller stops it)."""
+def timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool
+                ) -> tuple[ServeRun | None, dict]:
+    """``serve run`` on ``cfg``, timed to ``/health`` OK and to one answered chat request; the
+    running ServeRun (the caller stops it), or None and the error with the log's tail."""
     out = chk.args.out
-    path = write_config(cfg, out / "configs" / f"{tag}.yaml")
-    sr = ServeRun(path, out / "logs" / f"{tag}.log", ray_stop=ray_stop,
-                  env={"OMP_NUM_THREADS": "1", "RAY_memory_monitor_refresh_ms": "0"}
-                  if chk.args.device == "cpu" else None)
-    return sr.__enter__()
-
-
-def timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool) -> tuple[ServeRun | None, dict]:
-    """Start and time it: to ``/health`` OK, then to one answered chat request."""
-    sr = start(chk, cfg, tag, ray_stop)
+    cpu_env = {"OMP_NUM_THREADS": "1", "RAY_memory_monitor_refresh_ms": "0"}
+    sr = ServeRun(write_config(cfg, out / "configs" / f"{tag}.yaml"), out / "logs" / f"{tag}.log",
+                  ray_stop=ray_stop, env=cpu_env if chk.args.device == "cpu" else None)
+    sr.__enter__()
     try:
         healthy = sr.wait_healthy(url, chk.args.serve_timeout)
         ans = ask(url, audio=False, max_tokens=2, frames=1)
@@ -326,8 +175,7 @@ def timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool) -> tu
 
 def phase_tiny(chk: Check) -> None:
     a, dev = chk.args, chk.args.device
-    tmp = Path(tempfile.mkdtemp(prefix="gpu_check_tiny_"))
-    model, has_proc = make_checkpoint("tiny", tmp / "ckpt", processor=not a.no_processor)
+    model, has_proc = make_checkpoint("tiny", chk.tmp / "tiny", processor=not a.no_processor)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cfg = app_config(model, dev, port, tiny=True, dummy=False, processor=has_proc)
@@ -389,9 +237,8 @@ def phase_standin(chk: Check) -> None:
         chk.line("SKIP", "standin", f"omni_ray.models.dummy is not there ({e})")
         return
     shape = a.shape or ("smoke" if dev == "cpu" else "qwen3-omni-30b-a3b")
-    tmp = Path(tempfile.mkdtemp(prefix="gpu_check_standin_"))
     t = time.perf_counter()
-    model, has_proc = make_checkpoint("dummy", tmp / "ckpt", shape, not a.no_processor)
+    model, has_proc = make_checkpoint("dummy", chk.tmp / "standin", shape, not a.no_processor)
     res = dict(model=model, shape=shape, processor=has_proc,
                make_s=round(time.perf_counter() - t, 1), answers={})
     chk.data["phases"]["standin"] = res
@@ -476,7 +323,7 @@ def phase_offline(chk: Check) -> None:
     cmd = [sys.executable, "-m", "benchmarks.gpu_run", "--phase", "realsize", "--out", str(out),
            "--device", a.device, "--time-budget", str(max(60, int(chk.left_s()) - 30))]
     if a.device == "cpu":
-        cmd.append("--smoke")
+        cmd += ["--smoke", "--concurrency", "1", "2"]
     t = time.perf_counter()
     with open(a.out / "logs" / "offline.log", "wb") as log:
         rc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(), stdout=log,
@@ -564,15 +411,18 @@ def main(argv=None) -> int:
                     device=a.device, gpu=info["gpu"], versions=versions(), machine=info)
     print(f"gpu_check {chk.data['commit'][:12]}{' (dirty)' if chk.data['dirty'] else ''} on "
           f"{a.device} ({info['gpu'] or info['cpu']}), phases {a.phases}", flush=True)
-    for name in a.phases.split(","):
-        if chk.left_s() <= 0:
-            chk.line("SKIP", name, f"time budget {a.time_budget:.0f}s spent")
-            continue
-        try:
-            PHASES[name](chk)
-        except Exception as e:  # noqa: BLE001 - a crashed phase is a FAIL line, the rest runs
-            chk.line("FAIL", name, f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
-            traceback.print_exc()
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:  # the checkpoints
+        chk.tmp = Path(tmp)
+        for name in a.phases.split(","):
+            if chk.left_s() <= 0:
+                chk.line("SKIP", name, f"time budget {a.time_budget:.0f}s spent")
+                continue
+            try:
+                PHASES[name](chk)
+            except Exception as e:  # noqa: BLE001 - a crashed phase is a FAIL line; the rest runs
+                chk.line("FAIL", name, f"{type(e).__name__}: {e}",
+                         traceback=traceback.format_exc())
+                traceback.print_exc()
     n = {s: sum(c["status"] == s for c in chk.checks) for s in ("PASS", "FAIL", "SKIP")}
     summary = (f"{'FAIL' if n['FAIL'] else 'PASS'} gpu_check: {n['PASS']} passed, {n['FAIL']} "
                f"failed, {n['SKIP']} skipped in {time.perf_counter() - chk.t0:.0f}s")

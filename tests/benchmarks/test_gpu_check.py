@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root holds benchmarks/
 
 from benchmarks import gpu_check  # noqa: E402
-from benchmarks.gpu_check import (  # noqa: E402
+from benchmarks.answers import (  # noqa: E402
     BF16_MIN_EQUAL_TEXT_TOKENS,
     SAMPLES_PER_FRAME,
     WITHHELD_SAMPLES,
@@ -31,7 +31,8 @@ def words(s: str) -> list[str]:
 
 
 def answer(text: str, frames: int = 3, seed: int = 0) -> dict:
-    pcm = np.random.default_rng(seed).integers(-9000, 9000, frames * SAMPLES_PER_FRAME - WITHHELD_SAMPLES)
+    n = frames * SAMPLES_PER_FRAME - WITHHELD_SAMPLES
+    pcm = np.random.default_rng(seed).integers(-9000, 9000, n)
     return dict(text=text, pcm=pcm.astype("<i2"), finish="length")
 
 

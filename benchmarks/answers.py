@@ -1,0 +1,158 @@
+"""Answers for gpu_check.py: one chat request through the openai client, the offline pipeline's
+answer to the same, their comparison (with the bfloat16 allowance) and a well-formedness check."""
+
+from __future__ import annotations
+
+import base64
+import io
+import wave
+
+import numpy as np
+
+from benchmarks.client import spoken_question
+
+SAMPLES_PER_FRAME = 1920  # one 80 ms codec frame at 24 kHz
+# code2wav's causal convolutions hold back 555 samples: N frames -> N * 1920 - 555 samples
+# (README.md "Delivery modes", omni_ray/runners/code2wav_stream.py), streamed or not.
+WITHHELD_SAMPLES = 555
+# bfloat16 allowance (benchmarks/README.md, "GPU check", "Parity allowance"): bf16 moves
+# near-tied argmaxes of random weights, so the app (vLLM, compiled) and transformers may part
+# after a while; the first this many text tokens must agree. float32 must be exact (text) and
+# within PCM16_LSB (audio).
+BF16_MIN_EQUAL_TEXT_TOKENS = 8
+PCM16_LSB = 1
+PROMPT = "Tell me about the sea in a few words."
+QUESTION = "What do you hear?"
+
+
+def ask(url: str, *, audio_in: bytes | None = None, audio: bool = True, stream: bool = False,
+        max_tokens: int, frames: int, model: str = "qwen3-omni") -> dict:
+    """One chat completion through the openai client: text, pcm16 (int16 array or None),
+    finish_reason, completion_tokens."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+    content: list | str = PROMPT
+    if audio_in is not None:
+        content = [{"type": "input_audio", "input_audio": {
+            "data": base64.b64encode(audio_in).decode(), "format": "wav"}},
+            {"type": "text", "text": QUESTION}]
+    kw = dict(model=model, max_tokens=max_tokens, messages=[{"role": "user", "content": content}],
+              modalities=["text", "audio"] if audio else ["text"],
+              extra_body={"max_audio_frames": frames})
+    if audio:
+        kw["audio"] = {"voice": "ethan", "format": "pcm16" if stream else "wav"}
+    if not stream:
+        r = client.chat.completions.create(**kw)
+        msg, pcm = r.choices[0].message, None
+        if msg.audio is not None:
+            with wave.open(io.BytesIO(base64.b64decode(msg.audio.data))) as w:
+                pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+        return dict(text=msg.content or "", pcm=pcm, finish=r.choices[0].finish_reason,
+                    tokens=r.usage.completion_tokens if r.usage else None)
+    text, pcm, finish, tokens = [], [], None, None
+    for ch in client.chat.completions.create(stream=True, stream_options={"include_usage": True},
+                                             **kw):
+        tokens = ch.usage.completion_tokens if ch.usage else tokens
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        finish = ch.choices[0].finish_reason or finish
+        text.append(d.content or "")
+        a = getattr(d, "audio", None) or (d.model_extra or {}).get("audio")
+        data = a.get("data") if isinstance(a, dict) else getattr(a, "data", None)
+        if data:
+            pcm.append(np.frombuffer(base64.b64decode(data), dtype="<i2"))
+    return dict(text="".join(text), pcm=np.concatenate(pcm) if pcm else None, finish=finish,
+                tokens=tokens)
+
+
+def cases(has_processor: bool) -> dict:
+    """name -> ask() keywords: (a) text only, (b) text + audio streamed / wav, (c) speech in."""
+    out = {"text": dict(audio=False), "audio-stream": dict(stream=True),
+           "audio-wav": dict(stream=False)}
+    if has_processor:
+        out["speech-in"] = dict(audio_in=spoken_question(1.5), stream=True)
+    return out
+
+
+def offline_answers(model_dir: str, device: str, pipeline: dict, todo: dict, max_tokens: int,
+                    frames: int) -> dict:
+    """The offline transformers pipeline's greedy answer to each case: text, pcm16 int16."""
+    import torch
+
+    from omni_ray.audio import to_pcm16
+    from omni_ray.config.pipeline import PipelineConfig
+    from omni_ray.config.request import OmniRequest
+    from omni_ray.inputs.audio import decode_audio
+    from omni_ray.offline import Omni
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    omni = Omni(model_dir, mode=pipeline.get("mode", "async_chunk"), device=device, dtype=dtype,
+                pipeline=PipelineConfig(**pipeline))
+    out = {}
+    for name, kw in todo.items():
+        fields = dict(request_id=name, max_tokens=max_tokens, max_audio_frames=frames,
+                      speaker="ethan",
+                      modalities=("text", "audio") if kw.get("audio", True) else ("text",))
+        if kw.get("audio_in") is None:
+            req = OmniRequest(prompt_token_ids=omni.prompt_ids(PROMPT), **fields)
+        else:
+            speech = decode_audio(kw["audio_in"], "wav", max_seconds=300)
+            req = omni.request([{"role": "user", "content": [
+                {"type": "audio", "audio": speech}, {"type": "text", "text": QUESTION}]}],
+                **fields)
+        o = omni.generate(req)[0]
+        pcm = np.frombuffer(to_pcm16(o.audio), dtype="<i2") if o.audio.numel() else None
+        out[name] = dict(text=o.text, pcm=pcm, frames=int(o.codec_frames.shape[0]))
+    omni.shutdown()
+    del omni
+    if device != "cpu":
+        torch.cuda.empty_cache()
+    return out
+
+
+def compare_answers(ref: dict, got: dict, tokenize, exact: bool) -> dict:
+    """``got`` (the app's) against ``ref`` (offline): first differing text token and 80 ms frame,
+    PCM max |diff|. ``exact`` (float32): same text, same length, PCM within ``PCM16_LSB``; else
+    (bfloat16) the first ``BF16_MIN_EQUAL_TEXT_TOKENS`` text tokens equal."""
+    rt, gt = tokenize(ref["text"]), tokenize(got["text"])
+    first_tok = next((i for i, (a, b) in enumerate(zip(rt, gt)) if a != b), min(len(rt), len(gt)))
+    if first_tok == len(rt) == len(gt):
+        first_tok = None
+    res = dict(text_tokens=len(rt), first_text_diff=first_tok, same_text=ref["text"] == got["text"])
+    rp, gp = ref.get("pcm"), got.get("pcm")
+    audio_ok = (rp is None) == (gp is None)
+    if rp is not None and gp is not None:
+        n = min(len(rp), len(gp))
+        diff = np.abs(rp[:n].astype(np.int32) - gp[:n].astype(np.int32))
+        bad = np.nonzero(diff > PCM16_LSB)[0]
+        first_frame = int(bad[0]) // SAMPLES_PER_FRAME if bad.size else (
+            None if len(rp) == len(gp) else n // SAMPLES_PER_FRAME)
+        res.update(ref_samples=len(rp), samples=len(gp), pcm_max_diff=int(diff.max(initial=0)),
+                   first_frame_diff=first_frame)
+        audio_ok = first_frame is None
+    if exact:
+        res["ok"] = res["same_text"] and audio_ok
+    else:
+        res["ok"] = res["same_text"] or (first_tok or 0) >= BF16_MIN_EQUAL_TEXT_TOKENS
+    return res
+
+
+def audio_frames(samples: int) -> float:
+    """The codec frames that ``samples`` PCM samples came from (whole when well-formed)."""
+    return (samples + WITHHELD_SAMPLES) / SAMPLES_PER_FRAME
+
+
+def well_formed(ans: dict, frames: int, audio: bool) -> tuple[bool, str]:
+    """Non-empty text (or finish 'length'); audio from a whole number of frames, 1..``frames``."""
+    problems = []
+    if not ans["text"] and ans["finish"] != "length":
+        problems.append(f"empty text, finish={ans['finish']}")
+    if audio:
+        n = 0 if ans["pcm"] is None else len(ans["pcm"])
+        f = audio_frames(n) if n else 0
+        if not (f == int(f) and 1 <= f <= frames):
+            problems.append(f"{n} samples is not N * {SAMPLES_PER_FRAME} - {WITHHELD_SAMPLES} "
+                            f"for N in 1..{frames}")
+    return not problems, "; ".join(problems)
