@@ -238,7 +238,17 @@ class Code2WavLogic(StageLogic):
 
 def build_stage_logic(stage: str, model_dir: str, stage_cfg, pipeline: PipelineConfig,
                       max_model_len: int = 8192, kv_transfer: bool = False) -> StageLogic:
-    """Load the stage's model and wrap its runner (runs inside the engine actor)."""
+    """Load the stage's model and wrap its runner (runs inside the engine actor). On a GPU the
+    load waits for its turn (stages/gpu_start.py: starts sharing a GPU never overlap)."""
+    from omni_ray.stages.gpu_start import gpu_start_turn
+
+    with gpu_start_turn(stage_cfg.device, stage):
+        return _build_stage_logic(stage, model_dir, stage_cfg, pipeline, max_model_len,
+                                  kv_transfer)
+
+
+def _build_stage_logic(stage: str, model_dir: str, stage_cfg, pipeline: PipelineConfig,
+                       max_model_len: int, kv_transfer: bool) -> StageLogic:
     import torch
 
     from omni_ray.models.loading import load_stage
