@@ -325,6 +325,7 @@ def phase_offline(chk: Check) -> None:
     if a.device == "cpu":
         cmd += ["--smoke", "--concurrency", "1", "2"]
     t = time.perf_counter()
+    (a.out / "logs").mkdir(parents=True, exist_ok=True)
     with open(a.out / "logs" / "offline.log", "wb") as log:
         rc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(), stdout=log,
                             stderr=subprocess.STDOUT).returncode
