@@ -77,7 +77,7 @@ def cases(has_processor: bool) -> dict:
 
 
 def offline_answers(model_dir: str, device: str, pipeline: dict, todo: dict, max_tokens: int,
-                    frames: int) -> dict:
+                    frames: int, dtype: str | None = None) -> dict:
     """The offline transformers pipeline's greedy answer to each case: text, pcm16 int16."""
     import torch
 
@@ -87,7 +87,8 @@ def offline_answers(model_dir: str, device: str, pipeline: dict, todo: dict, max
     from omni_ray.inputs.audio import decode_audio
     from omni_ray.offline import Omni
 
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    dtype = getattr(torch, dtype) if dtype else (
+        torch.float32 if device == "cpu" else torch.bfloat16)
     omni = Omni(model_dir, mode=pipeline.get("mode", "async_chunk"), device=device, dtype=dtype,
                 pipeline=PipelineConfig(**pipeline))
     out = {}

@@ -51,10 +51,11 @@ BENCH = {"cuda": dict(concurrency=[1, 8, 32], max_tokens=128, frames=150),
 
 # -- the config ----------------------------------------------------------------------------------
 def app_config(model_dir: str, device: str, port: int, *, tiny: bool, dummy: bool,
-               processor: bool, base: Path = BASE_CONFIG) -> dict:
+               processor: bool, base: Path = BASE_CONFIG, dtype: str | None = None) -> dict:
     """``base`` (a ``serve run`` config) with ``model`` = ``model_dir`` on 127.0.0.1:``port``.
 
     ``tiny``: small KV and context, greedy sampling (the offline pipeline's defaults).
+    ``dtype``: every stage's dtype instead of the file's (the tiny parity run: float32).
     ``device == "cpu"``: float32, no GPUs or CPU reservations, vLLM's CPU defaults
     (``_CPU_ENGINE_DEFAULTS``: eager, a fixed KV cache) and no GPU memory shares.
     """
@@ -85,6 +86,9 @@ def app_config(model_dir: str, device: str, port: int, *, tiny: bool, dummy: boo
     if not processor:  # no processor files: vLLM's thinker must not look for them (gpu_run's)
         args["thinker"]["engine_kwargs"].update(
             limit_mm_per_prompt={"image": 0, "video": 0, "audio": 0}, skip_tokenizer_init=True)
+    if dtype:
+        for stage in ("thinker", "talker", "code2wav"):
+            args[stage]["dtype"] = dtype
     if device == "cpu":
         args["max_model_len"] = min(args["max_model_len"], 2048)
         args["limits"]["max_prompt_tokens"] = min(args["limits"]["max_prompt_tokens"], 1024)
@@ -178,11 +182,13 @@ def phase_tiny(chk: Check) -> None:
     model, has_proc = make_checkpoint("tiny", chk.tmp / "tiny", processor=not a.no_processor)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cfg = app_config(model, dev, port, tiny=True, dummy=False, processor=has_proc)
+    dtype = "float32" if dev == "cpu" else a.tiny_dtype
+    cfg = app_config(model, dev, port, tiny=True, dummy=False, processor=has_proc, dtype=dtype)
     todo = cases(has_proc)
     pipeline = cfg["applications"][0]["args"]["pipeline"]
     t = time.perf_counter()
-    refs = offline_answers(model, dev, pipeline, todo, TINY["max_tokens"], TINY["frames"])
+    refs = offline_answers(model, dev, pipeline, todo, TINY["max_tokens"], TINY["frames"],
+                           dtype=dtype)
     res = dict(model=model, processor=has_proc, offline_s=round(time.perf_counter() - t, 1),
                starts=[], answers={})
     chk.data["phases"]["tiny"] = res
@@ -211,7 +217,7 @@ def phase_tiny(chk: Check) -> None:
             for name, kw in todo.items():
                 try:
                     got = ask(url, max_tokens=TINY["max_tokens"], frames=TINY["frames"], **kw)
-                    c = compare_answers(refs[name], got, tokenize, exact=dev == "cpu")
+                    c = compare_answers(refs[name], got, tokenize, exact=dtype == "float32")
                 except Exception as e:  # noqa: BLE001
                     c = dict(ok=False, error=f"{type(e).__name__}: {e}")
                 res["answers"][name] = c
@@ -371,6 +377,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
     ap.add_argument("--phases", default="tiny,standin", help="comma list of tiny,standin,offline")
+    ap.add_argument("--tiny-dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="tiny phase on cuda: float32 compares exactly with the offline "
+                         "pipeline; bfloat16 (the yaml's) with the bf16 allowance")
     ap.add_argument("--restarts", type=int, default=None, help="tiny starts (cuda 3, cpu 1)")
     ap.add_argument("--serve-timeout", type=float, default=None,
                     help="seconds from `serve run` to /health OK (cuda 600, cpu 300)")
