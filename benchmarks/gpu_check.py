@@ -155,7 +155,8 @@ def make_checkpoint(kind: str, out: Path, shape: str | None = None, processor: b
 
 def timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool
                 ) -> tuple[ServeRun | None, dict]:
-    """``serve run`` on ``cfg``, timed to ``/health`` OK and to one answered chat request; the
+    """``serve run`` on ``cfg``, timed to ``/health`` OK and to one answered chat request with
+    audio (thinker, talker and code2wav all serving; engines load one after another); the
     running ServeRun (the caller stops it), or None and the error with the log's tail."""
     out = chk.args.out
     cpu_env = {"OMP_NUM_THREADS": "1", "RAY_memory_monitor_refresh_ms": "0"}
@@ -164,7 +165,7 @@ def timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool
     sr.__enter__()
     try:
         healthy = sr.wait_healthy(url, chk.args.serve_timeout)
-        ans = ask(url, audio=False, max_tokens=2, frames=1)
+        ans = ask(url, max_tokens=2, frames=2)  # text + audio: every stage has its engine
         ready = sr.since_launch()
         if not (ans["text"] or ans["finish"] == "length"):
             raise RuntimeError(f"first request: {ans}")

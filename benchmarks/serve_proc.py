@@ -60,6 +60,8 @@ class ServeRun:
         self.t_launch: float | None = None
 
     def __enter__(self) -> "ServeRun":
+        if self.proc is not None:  # already launched (``with`` on a started run): the same app
+            return self
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._logf = open(self.log, "wb")
         self.t_launch = time.perf_counter()

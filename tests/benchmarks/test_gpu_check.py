@@ -141,3 +141,16 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     assert [lv["concurrency"] for lv in serve["levels"]] == [1, 2]
     for lv in serve["levels"]:
         assert LEVEL_KEYS <= set(lv) and lv["num_ok"] == lv["num_requests"] == 2
+
+
+def test_serve_run_is_launched_once(tmp_path):
+    """``with`` on a run already started must not launch a second app (seen on the H200: two
+    apps of real size on one GPU, the second truncating the first's log)."""
+    from benchmarks.serve_proc import ServeRun
+
+    sr = ServeRun(tmp_path / "missing.yaml", tmp_path / "serve.log")
+    sr.__enter__()
+    first = sr.proc
+    with sr:
+        assert sr.proc is first
+    assert first.poll() is not None  # stopped on exit
