@@ -61,6 +61,7 @@ app.add_exception_handler(Exception, unhandled_error_handler)
 app.add_middleware(GuardMiddleware)
 
 RETRY_AFTER_S = 1  # Retry-After when a stage's backpressure_config sets none
+HEALTH_TIMEOUT_S = 5.0  # a stage that does not answer /health's readiness call in this is down
 
 
 class OmniIngress:
@@ -99,9 +100,25 @@ class OmniIngress:
         return self.app
 
     # -- routes --------------------------------------------------------------------------------
-    @app.get("/health")
-    async def health(self) -> dict:
-        return {"status": "ok"}
+    @app.api_route("/health", methods=["GET", "HEAD"])
+    async def health(self):
+        """200 once every stage has a replica whose engine can serve; before that (engines
+        still loading, one after another on a shared GPU) 503 naming the stages not ready."""
+        states = await asyncio.gather(*(self._stage_readiness(name, h)
+                                         for name, h in self.stage_handles.items()))
+        waiting = {name: why for name, (ok, why) in zip(self.stage_handles, states) if not ok}
+        if not waiting:
+            return {"status": "ok"}
+        return JSONResponse({"status": "starting", "stages_not_ready": waiting}, status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    @staticmethod
+    async def _stage_readiness(name: str, handle) -> tuple[bool, str | None]:
+        try:
+            state = await asyncio.wait_for(handle.readiness.remote(), timeout=HEALTH_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - no replica answering is "not ready"
+            return False, f"no replica answered ({type(e).__name__})"
+        return state["ready"], state["reason"]
 
     @app.get("/v1/models")
     async def models(self) -> dict:

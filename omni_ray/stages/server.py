@@ -90,6 +90,27 @@ class StageServer:
         await self._ready
         return await self.engine.stats.remote()
 
+    async def readiness(self) -> dict:
+        """Answers at once: can this replica serve now (its engine loaded and alive)?"""
+        import ray
+
+        if self._engine_died is not None:
+            return {"ready": False, "reason": f"engine died ({self._engine_died})"}
+        if not self._engine_started:
+            done, _ = ray.wait([self._ready], timeout=0)
+            if not done:
+                return {"ready": False, "reason": "engine loading"}
+            try:
+                await self._ready
+            except Exception as e:  # noqa: BLE001 - the start failed: say so
+                return {"ready": False, "reason": f"engine failed to start ({type(e).__name__})"}
+            self._engine_started = True
+        try:  # a loaded engine answers at once, unless its process is gone
+            await asyncio.wait_for(self.engine.ready.remote(), timeout=2)
+        except Exception as e:  # noqa: BLE001
+            return {"ready": False, "reason": f"engine not answering ({type(e).__name__})"}
+        return {"ready": True, "reason": None}
+
     async def check_health(self) -> None:
         """Fails once the engine actor is dead (or its loop died): Serve replaces the replica.
 

@@ -164,6 +164,11 @@ def _healthy_pid(url: str, stage: str, old_pid: int) -> int | None:
     return s[stage]["pid"] if s[stage]["pid"] != old_pid else None
 
 
+def _health_down(url):
+    r = httpx.get(f"{url}/health", timeout=10)
+    return r if r.status_code != 200 else None
+
+
 @pytest.mark.parametrize("stage", ["talker", "code2wav", "thinker"])
 def test_dead_engine_fails_its_requests_and_is_replaced(fault_url, stage):
     url = fault_url
@@ -212,12 +217,19 @@ def test_dead_engine_fails_its_requests_and_is_replaced(fault_url, stage):
         for c, a in zip(texts, alone):
             assert c.error is None and c.text == a.text and c.finish_reason == a.finish_reason
 
-    # 4) Serve replaces the replica (failed health check); new requests succeed.
+    # 4) Until it is replaced, /health says which stage is down (503 + Retry-After).
+    down = poll(lambda: _health_down(url), 30, "/health reporting the dead stage",
+                interval_s=0.25)
+    assert down.status_code == 503 and down.headers.get("retry-after"), down
+    assert stage in down.json()["stages_not_ready"], down.json()
+
+    # 5) Serve replaces the replica (failed health check); new requests succeed.
     new_pid = poll(lambda: _healthy_pid(url, stage, old_pid), 120, f"a new {stage} replica",
                    interval_s=0.25)
     t_replaced = time.monotonic() - t_kill
     after = run_alone(url, body("Are you back?", max_tokens=8, frames=16))
     assert after.text and after.audio_bytes > 0
+    poll(lambda: httpx.get(f"{url}/health", timeout=10).status_code == 200, 60, "/health ok")
     t_serving = time.monotonic() - t_kill
     print(f"\n{stage}: errors {min(detect) * 1e3:.0f}-{max(detect) * 1e3:.0f} ms after the kill "
           f"({sorted({c.error['message'].split(': ', 1)[1] for c in bound})}); new engine pid "

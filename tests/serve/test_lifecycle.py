@@ -125,6 +125,7 @@ def test_malformed_json_is_400(serve_urls):
 def test_models_and_health(serve_urls):
     url = serve_urls["async_chunk"]
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+    assert httpx.head(f"{url}/health").status_code == 200  # load balancers probe with HEAD
     assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "qwen3-omni"
 
 
