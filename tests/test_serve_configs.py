@@ -229,3 +229,14 @@ def test_a_stage_given_without_default_sampling_keeps_the_stage_default():
                                            "thinker": {"max_num_seqs": 4}})
     assert args.talker.default_sampling == TALKER_GREEDY
     assert args.thinker.default_sampling == THINKER_GREEDY
+
+
+def test_mistyped_checkpoint_fails_the_deploy_not_random_weights(tmp_path):
+    """A path that does not exist is an error when the app is built (no tiny stand-in unless
+    asked for by name or with make_tiny_if_missing)."""
+    from omni_ray.builders.app import build_omni_app
+
+    missing = tmp_path / "Qwen3-Omni-30B-A3B-Instuct"
+    with pytest.raises(FileNotFoundError, match="model: no checkpoint directory"):
+        build_omni_app({"model": str(missing)})
+    assert not missing.exists()

@@ -77,6 +77,7 @@ def build_omni_app(args: dict | OmniServingArgs | None = None):
     from omni_ray.stages.server import STAGE_SERVERS
 
     args = OmniServingArgs.model_validate(args or {})
+    args.checkpoint_dir()  # deploy time: a missing checkpoint (or unallowed stand-in) fails here
     # Python-mode dumps keep api_keys as SecretStr (masked wherever Serve prints init args); the
     # stages never see them at all.
     dump = args.model_dump()

@@ -183,7 +183,9 @@ class OmniServingArgs(BaseModel):
 
     model: str = Field("tiny", description="checkpoint dir, or 'tiny' for the embedded default")
     model_id: str = Field("qwen3-omni", min_length=1, description="name served in /v1/models")
-    make_tiny_if_missing: bool = True
+    make_tiny_if_missing: bool = Field(
+        False, description="make the tiny checkpoint at `model` when that directory is missing "
+                           "(off: a mistyped path is an error, never random weights)")
     allow_dummy_weights: bool = Field(
         False, description="serve an `omni-ray make-dummy` stand-in checkpoint (random weights)")
     max_model_len: int = Field(8192, ge=16)
