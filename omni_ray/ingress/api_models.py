@@ -4,12 +4,25 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+
+def _utf8(text: str) -> str:
+    """JSON may carry lone surrogates (``"\\ud800"``) that no tokenizer can take: a 400 here."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode text (a lone surrogate at character {e.start})") \
+            from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
 
 
 class TextPart(BaseModel):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class InputAudio(BaseModel):
@@ -39,7 +52,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart] | None = None
+    content: Text | list[ContentPart] | None = None
 
 
 class AudioParams(BaseModel):

@@ -15,7 +15,6 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -51,7 +50,10 @@ def data_url_size(url: str) -> int:
 
 
 def is_remote(url: str) -> bool:
-    return urlsplit(url.strip()[:16]).scheme.lower() in ("http", "https")
+    """An http(s) URL? Only the scheme is read: parsing the rest can raise (``http://[``), and
+    a malformed remote URL is the fetch's to refuse, with a 400."""
+    scheme, sep, _ = url.strip()[:16].partition(":")
+    return bool(sep) and scheme.lower() in ("http", "https")
 
 
 # -- the SSRF guard ------------------------------------------------------------------------------

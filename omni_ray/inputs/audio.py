@@ -17,6 +17,8 @@ from omni_ray.inputs.errors import InputError
 SAMPLE_RATE = 16000  # Qwen3-Omni's audio encoder (Whisper features) reads 16 kHz mono
 _FORMATS = {"wav": ("WAV", "WAVEX", "RF64"), "mp3": ("MP3", "MPEG")}
 FIELD = "input_audio.data"
+MIN_RATE, MAX_RATE = 8000, 384000  # sample rates real recordings use; others are refused
+MIN_SECONDS = 0.1  # shorter clips give the feature extractor nothing to pad (a 500 before)
 
 
 def decode_audio(data: bytes, fmt: str, *, max_seconds: float) -> np.ndarray:
@@ -40,7 +42,14 @@ def decode_audio(data: bytes, fmt: str, *, max_seconds: float) -> np.ndarray:
                              "input_audio.format", "invalid_audio_format")
         if f.samplerate <= 0 or f.frames <= 0:
             raise InputError("the audio clip is empty", FIELD, "invalid_audio")
+        if not MIN_RATE <= f.samplerate <= MAX_RATE:
+            # Checked before decoding: a header claiming 1 Hz would make a few bytes "long".
+            raise InputError(f"the audio's sample rate {f.samplerate} Hz is outside "
+                             f"{MIN_RATE}-{MAX_RATE} Hz", FIELD, "invalid_audio")
         seconds = f.frames / f.samplerate
+        if seconds < MIN_SECONDS:
+            raise InputError(f"the audio lasts {seconds * 1000:.1f} ms, under {MIN_SECONDS:g} s",
+                             FIELD, "audio_too_short")
         if seconds > max_seconds:
             raise InputError(f"the audio lasts {seconds:.1f} s, over limits.max_audio_seconds="
                              f"{max_seconds:g}", FIELD, "audio_too_long")

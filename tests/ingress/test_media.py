@@ -44,6 +44,8 @@ def test_base64_size_is_the_decoded_size(n):
     ("http://example.com/a.png", True), ("HTTPS://example.com/a.png", True),
     (" https://example.com", True), ("data:image/png;base64,AAAA", False),
     ("file:///etc/passwd", False), ("ftp://example.com/x", False), ("UklGRiQAAABXQVZF", False),
+    # were a 500 ("Invalid IPv6 URL"): remote, and refused by the fetch with a 400
+    ("http://[::ffff:127.0.0.1]:8000/", True), ("http://[", True), ("http", False),
 ])
 def test_is_remote(url, remote):
     assert media.is_remote(url) is remote

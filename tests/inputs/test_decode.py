@@ -38,6 +38,13 @@ def test_mp3_decodes_to_the_same_duration():
     (audio_bytes(tone(0.2)), "mp3", "input_audio.format", "invalid_audio_format"),
     (audio_bytes(tone(0.2)), "flac", "input_audio.format", "invalid_audio_format"),
     (audio_bytes(np.zeros(0, np.float32)), "wav", "input_audio.data", "invalid_audio"),
+    # 200 samples (12 ms): was a 500 from the feature extractor's padding
+    (audio_bytes(tone(200 / 16000, rate=16000), 16000), "wav", "input_audio.data",
+     "audio_too_short"),
+    # headers claiming 1 Hz (299 "seconds" in 642 bytes) or 2^31-1 Hz
+    (audio_bytes(np.zeros(299, np.float32), 1), "wav", "input_audio.data", "invalid_audio"),
+    (audio_bytes(np.zeros(48000, np.float32), 2**31 - 1), "wav", "input_audio.data",
+     "invalid_audio"),
 ])
 def test_bad_audio_names_the_field(data, fmt, field, code):
     with pytest.raises(InputError) as e:

@@ -86,6 +86,15 @@ def test_stage_error_non_streaming_is_5xx(serve_urls, stage):
     assert wait_clean(url) == {}
 
 
+def _wav_b64(samples: int, rate: int) -> str:
+    import base64
+
+    import numpy as np
+    from media_samples import audio_bytes
+
+    return base64.b64encode(audio_bytes(np.zeros(samples, np.float32), rate)).decode()
+
+
 BAD = [
     ({"model": "nope"}, 404, "model"),
     ({"modalities": ["video"]}, 400, "modalities"),
@@ -102,6 +111,16 @@ BAD = [
     ({"max_tokens": 100000}, 400, "max_tokens"),
     ({"max_audio_frames": 10 ** 6}, 400, "max_audio_frames"),
     ({"n": 2}, 400, "n"),
+    ({"messages": [{"role": "user", "content": "a\ud800b"}]}, 400, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}, 400,
+     "messages.0.content.0.text"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url",
+                                                 "image_url": {"url": "http://[::ffff:127.0.0.1]:8000/"}}]}]},
+     400, "messages.0.content.0.image_url.url"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {
+        "data": _wav_b64(200, 16000), "format": "wav"}}]}]}, 400, "messages.0.content.0.input_audio"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {
+        "data": _wav_b64(299, 1), "format": "wav"}}]}]}, 400, "messages.0.content.0.input_audio"),
 ]
 
 
