@@ -74,8 +74,11 @@ class OmniIngress:
         from omni_ray.models.loading import load_omni_config
         from omni_ray.models.tokenizer import load_tokenizer
 
+        from omni_ray.models.dummy import dummy_info
+
         self.args = OmniServingArgs.model_validate(args)
         model_dir = self.args.checkpoint_dir()
+        self.dummy = dummy_info(model_dir)  # the stand-in's marker (random weights), or None
         self.tokenizer = load_tokenizer(model_dir)
         self.inputs = InputProcessor(model_dir, self.tokenizer)
         cfg = load_omni_config(model_dir)
@@ -122,14 +125,11 @@ class OmniIngress:
 
     @app.get("/v1/models")
     async def models(self) -> dict:
-        from omni_ray.models.dummy import dummy_info
-
         entry = {"id": self.args.model_id, "object": "model", "created": self.created,
                  "owned_by": "omni_ray"}
-        info = dummy_info(self.args.resolved_model_dir())  # random weights: say so
-        if info is not None:
-            entry["omni_ray"] = {"dummy_weights": True, "shape": info.get("shape"),
-                                 "seed": info.get("seed")}
+        if self.dummy is not None:  # random weights: say so
+            entry["omni_ray"] = {"dummy_weights": True, "shape": self.dummy.get("shape"),
+                                 "seed": self.dummy.get("seed")}
         return {"object": "list", "data": [entry]}
 
     @app.get("/debug/stats")

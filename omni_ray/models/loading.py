@@ -37,32 +37,34 @@ class StageModules:
 def load_stage(model_dir: str | Path, stage: str, device: str = "cpu", dtype=None) -> StageModules:
     """Load ``stage``'s module of the checkpoint at ``model_dir`` onto ``device``."""
     import torch
-    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    from omni_ray.models.dummy import build_dummy_stage, dummy_info
 
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {list(STAGES)}, got {stage!r}")
     dtype = dtype or torch.float32
-    from omni_ray.models.dummy import build_dummy_stage, dummy_info
-
     info = dummy_info(model_dir)
     if info is not None:
         config = load_omni_config(model_dir)
         module, embedding = build_dummy_stage(config, stage, device, dtype, seed=info["seed"])
-        if stage == "talker":
-            module.config.audio_config = config.thinker_config.audio_config  # as below
-        return StageModules(config=config, module=module, text_embedding=embedding)
+    else:
+        config, module, embedding = _from_pretrained(model_dir, stage, device, dtype)
+    if stage == "talker":
+        # transformers' talker mrope index reads ``config.audio_config.n_window`` (the audio
+        # encoder's), which the talker config lacks (5.24): lend it the thinker's.
+        module.config.audio_config = config.thinker_config.audio_config
+    return StageModules(config=config, module=module, text_embedding=embedding)
+
+
+def _from_pretrained(model_dir, stage: str, device: str, dtype):
+    """(config, stage module, thinker embedding for the talker) out of the real weights."""
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
     full = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
         str(model_dir), local_files_only=True, dtype=dtype
     ).eval()
     embedding = None
     if stage == "talker":
-        embedding = full.thinker.get_input_embeddings()
-        embedding = embedding.to(device)
+        embedding = full.thinker.get_input_embeddings().to(device)
     module = getattr(full, stage).to(device).eval()
-    config = full.config
-    if stage == "talker":
-        # transformers' talker mrope index reads ``config.audio_config.n_window`` (the audio
-        # encoder's), which the talker config lacks (5.24): lend it the thinker's.
-        module.config.audio_config = config.thinker_config.audio_config
-    del full
-    return StageModules(config=config, module=module, text_embedding=embedding)
+    return full.config, module, embedding
