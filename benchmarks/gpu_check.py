@@ -59,7 +59,6 @@ def app_config(model_dir: str, device: str, port: int, *, tiny: bool, dummy: boo
     ``device == "cpu"``: float32, no GPUs or CPU reservations, vLLM's CPU defaults
     (``_CPU_ENGINE_DEFAULTS``: eager, a fixed KV cache) and no GPU memory shares.
     """
-    from omni_ray.config.serving import OmniServingArgs
 
     cfg = copy.deepcopy(yaml.safe_load(base.read_text()))
     cfg["http_options"] = {"host": "127.0.0.1", "port": port}
@@ -67,8 +66,6 @@ def app_config(model_dir: str, device: str, port: int, *, tiny: bool, dummy: boo
     args.update(model=str(model_dir), make_tiny_if_missing=False)
     if dummy:
         args["allow_dummy_weights"] = True
-    elif "allow_dummy_weights" not in OmniServingArgs.model_fields:
-        args.pop("allow_dummy_weights", None)  # a tree before make-dummy landed
     if tiny:
         args["max_model_len"] = TINY["max_model_len"]
         args["limits"]["max_prompt_tokens"] = TINY["max_prompt_tokens"]
@@ -238,11 +235,6 @@ def _cmp_numbers(c: dict) -> str:
 
 def phase_standin(chk: Check) -> None:
     a, dev = chk.args, chk.args.device
-    try:
-        import omni_ray.models.dummy  # noqa: F401
-    except ImportError as e:
-        chk.line("SKIP", "standin", f"omni_ray.models.dummy is not there ({e})")
-        return
     shape = a.shape or ("smoke" if dev == "cpu" else "qwen3-omni-30b-a3b")
     t = time.perf_counter()
     model, has_proc = make_checkpoint("dummy", chk.tmp / "standin", shape, not a.no_processor)

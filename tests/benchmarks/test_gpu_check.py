@@ -130,8 +130,6 @@ def test_tiny_phase_passes_on_cpu(tmp_path):
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
-@pytest.mark.skipif(importlib.util.find_spec("omni_ray.models.dummy") is None,
-                    reason="make_dummy_checkpoint has not landed")
 def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     rc, lines, _ = run_check(tmp_path, "--phases", "standin", "--num-requests", "2")
     assert rc == 0, "\n".join(lines)
