@@ -30,6 +30,7 @@ THINKER_SAMPLING = dict(temperature=0.7, top_p=0.9)
 TALKER_SAMPLING = dict(temperature=0.9, top_k=50, repetition_penalty=1.05)
 MODALITIES = ("text", "audio")
 _DEFAULTS = {name: f.default for name, f in OmniRequest.model_fields.items()}
+_PIPELINE = {name: f.default for name, f in PipelineConfig.model_fields.items()}  # as the app
 
 
 def _positive_int(value: str) -> int:
@@ -93,10 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="an image (png, jpeg, webp, gif, bmp) in the user message (repeatable)")
     gen.add_argument("--modalities", type=_modalities, default=MODALITIES, metavar="text[,audio]",
                      help="what to produce (default text,audio)")
-    gen.add_argument("--mode", choices=("sync", "async_chunk"), default="async_chunk",
-                     help="stage delivery (default async_chunk)")
-    gen.add_argument("--code2wav-mode", choices=("window", "stateful"), default="window",
-                     help="chunked vocoding (default window)")
+    gen.add_argument("--mode", choices=("sync", "async_chunk"), default=_PIPELINE["mode"],
+                     help=f"stage delivery (default {_PIPELINE['mode']})")
+    gen.add_argument("--code2wav-mode", choices=("window", "stateful"),
+                     default=_PIPELINE["code2wav_mode"],
+                     help=f"chunked vocoding (default {_PIPELINE['code2wav_mode']})")
     gen.add_argument("--speaker", choices=sorted(SPEAKERS), default=_DEFAULTS["speaker"],
                      help=f"voice (default {_DEFAULTS['speaker']})")
     gen.add_argument("--max-tokens", type=_positive_int, default=_DEFAULTS["max_tokens"],

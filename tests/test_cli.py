@@ -221,3 +221,15 @@ def assert_same_audio(a, b):
     kernels for the stateful vocoder, which moves the last bits)."""
     assert a.shape == b.shape
     assert np.abs(a - b).max() <= 1e-5 * max(np.abs(b).max(), 1e-12)
+
+
+def test_generate_defaults_are_the_apps():
+    """`omni-ray generate` vocodes and delivers as the Serve app does by default (issue 19)."""
+    from omni_ray.cli import build_parser
+
+    args = build_parser().parse_args(["generate", "--text", "a"])
+    assert (args.mode, args.code2wav_mode) == ("async_chunk", "stateful")
+    from omni_ray.config.pipeline import PipelineConfig
+
+    app = PipelineConfig()
+    assert (args.mode, args.code2wav_mode) == (app.mode, app.code2wav_mode)

@@ -33,8 +33,9 @@ class _Req:
 class Code2WavRunner:
     """Owns the code2wav module; ``decode`` is called per arriving codec chunk."""
 
-    def __init__(self, code2wav, *, mode: str = "window", left_context_frames: int = 25,
+    def __init__(self, code2wav, *, mode: str, left_context_frames: int = 25,
                  device: str = "cpu"):
+        # no default mode here: ``PipelineConfig`` decides it for the app, Omni and the CLI
         if mode not in ("window", "stateful"):
             raise ValueError(f"code2wav mode must be 'window' or 'stateful', got {mode!r}")
         if left_context_frames < 1:
