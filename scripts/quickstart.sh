@@ -7,9 +7,15 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 export RAY_AUTH_MODE=disabled PATH="$PWD/.venv/bin:$PATH"
 mkdir -p out
-serve run serve_configs/tiny_omni.yaml > out/serve.log 2>&1 &
+# In its own session: stopping Serve must not signal this script (its exit status is the answer's).
+setsid serve run serve_configs/tiny_omni.yaml > out/serve.log 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; ray stop --force >/dev/null 2>&1 || true' EXIT
+stop() {
+  kill -INT "$pid" 2>/dev/null || true
+  for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  kill -KILL -- "-$pid" 2>/dev/null || true  # what is left of its session (never `ray stop`:
+}                                            # that would end every Ray cluster of the user)
+trap stop EXIT
 for _ in $(seq 1 240); do
   curl -sf http://127.0.0.1:8000/health >/dev/null 2>&1 && break
   kill -0 $pid 2>/dev/null || { cat out/serve.log; exit 1; }
