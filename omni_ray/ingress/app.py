@@ -61,7 +61,9 @@ app.add_exception_handler(Exception, unhandled_error_handler)
 app.add_middleware(GuardMiddleware)
 
 RETRY_AFTER_S = 1  # Retry-After when a stage's backpressure_config sets none
-HEALTH_TIMEOUT_S = 5.0  # a stage that does not answer /health's readiness call in this is down
+# A stage that does not answer /health's readiness call in this is not ready (while its replica
+# starts, Serve holds the call until it runs: /health must not wait for that).
+HEALTH_TIMEOUT_S = 2.0
 
 
 class OmniIngress:
@@ -200,8 +202,8 @@ class OmniIngress:
             raise ValueError(e.message) from None
         try:
             stream = await self.client.open(req)
-        except StageUnavailable:
-            track.finish(RequestStatus.REJECTED, "overloaded")
+        except StageUnavailable as e:
+            track.finish(RequestStatus.REJECTED, e.code)
             raise
         except StageError as e:
             track.finish(RequestStatus.ERROR, e.stage)
@@ -357,11 +359,12 @@ class OmniIngress:
         try:
             return await self.client.open(req, **opts)
         except StageUnavailable as e:
-            track.finish(RequestStatus.REJECTED, "overloaded")
+            track.finish(RequestStatus.REJECTED, e.code)
             retry = math.ceil(e.retry_after_s if e.retry_after_s is not None else RETRY_AFTER_S)
-            raise APIError(e.status_code, f"server overloaded, retry later: {e}",
+            what = "server overloaded" if e.code == "overloaded" else "service unavailable"
+            raise APIError(e.status_code, f"{what}, retry later: {e}",
                            type="rate_limit_error" if e.status_code == 429 else "server_error",
-                           code="overloaded", headers={"Retry-After": str(retry)}) from e
+                           code=e.code, headers={"Retry-After": str(retry)}) from e
         except ValueError as e:  # a stage refused the request itself
             track.finish(RequestStatus.INVALID, "invalid_request")
             raise bad_request(str(e)) from e
