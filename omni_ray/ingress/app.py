@@ -38,6 +38,7 @@ from omni_ray.ingress.errors import (
     validation_error_handler,
 )
 from omni_ray.ingress.guard import Guard, GuardMiddleware, resolve_api_keys
+from omni_ray.ingress.warmup import WarmUp
 from omni_ray.ingress.pipeline_client import (
     PipelineClient,
     PipelineStream,
@@ -98,6 +99,9 @@ class OmniIngress:
                            lim.max_concurrent_requests_per_key)
         self.metrics = IngressMetrics()
         self.created = int(time.time())
+        # Short requests through every stage once they are ready; /health is 200 only after.
+        self.warm_up = WarmUp()
+        self._warm_task = asyncio.get_running_loop().create_task(self.warm_up.run(self))
 
     def __serve_build_asgi_app__(self):
         """Serve calls this after ``__init__``: put this replica's guard on the served app."""
@@ -107,15 +111,18 @@ class OmniIngress:
     # -- routes --------------------------------------------------------------------------------
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health(self):
-        """200 once every stage has a replica whose engine can serve; before that (engines
-        still loading, one after another on a shared GPU) 503 naming the stages not ready."""
+        """200 once every stage has a replica whose engine can serve and this replica's warm-up
+        (ingress/warmup.py) is done; before that (engines loading, one after another on a shared
+        GPU; warming up) and while a stage's engine is down, 503 naming the stages not ready."""
         states = await asyncio.gather(*(self._stage_readiness(name, h)
                                          for name, h in self.stage_handles.items()))
         waiting = {name: why for name, (ok, why) in zip(self.stage_handles, states) if not ok}
-        if not waiting:
+        if not waiting and self.warm_up.done:
             return {"status": "ok"}
-        return JSONResponse({"status": "starting", "stages_not_ready": waiting}, status_code=503,
-                            headers={"Retry-After": str(RETRY_AFTER_S)})
+        status = "unavailable" if waiting else "warming_up"
+        return JSONResponse({"status": status, "stages_not_ready": waiting,
+                             "warm_up": self.warm_up.state},
+                            status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @staticmethod
     async def _stage_readiness(name: str, handle) -> tuple[bool, str | None]:
@@ -301,6 +308,10 @@ class OmniIngress:
         if all(p["type"] == "text" for p in parts):
             return {"role": role, "content": "".join(p["text"] for p in parts)}
         return {"role": role, "content": parts}
+
+    def media_ok(self) -> bool:
+        """Whether this deployment takes audio / image input."""
+        return self._media_unsupported() is None
 
     def _media_unsupported(self) -> str | None:
         """Why this deployment cannot take audio / image input, or None."""
