@@ -105,7 +105,9 @@ class EngineSupervisor:
                                 self.stage, self.last_failover_s)
                 self._set(EngineState.READY, None)
                 # 2) Watch it: the lifeline call ends only when the engine is gone or broken.
-                why = await self._watch(engine, ActorDiedError, RayActorError)
+                why, alive = await self._watch(engine, ActorDiedError, RayActorError)
+                if alive:  # its step loop died, the process did not: end it
+                    _kill(engine)
             died_at = time.monotonic()
             # 3) Restart, unless this engine died too often.
             if not self._may_restart(died_at):
@@ -115,17 +117,17 @@ class EngineSupervisor:
                 return
             self._set(EngineState.RESTARTING, f"engine died ({why}); restarting it")
             logger.warning("%s: engine died (%s); starting a new one", self.stage, why)
-            _kill(engine)
             self.restarts += 1
             self.engine = self._create()
 
-    async def _watch(self, engine, died, actor_error) -> str:
+    async def _watch(self, engine, died, actor_error) -> tuple[str, bool]:
+        """Until the engine is gone: (why, whether its process is still alive)."""
         while True:
             try:
                 loop_error = await engine.lifeline.remote()
-                return f"step loop died: {loop_error}"
+                return f"step loop died: {loop_error}", True
             except died as e:
-                return type(e).__name__
+                return type(e).__name__, False
             except actor_error as e:  # unreachable for a moment (not dead): ask again
                 logger.warning("%s: engine unreachable (%s)", self.stage, _brief(e))
                 await asyncio.sleep(0.5)
@@ -152,7 +154,7 @@ def _kill(engine) -> None:
     import ray
 
     try:
-        ray.kill(engine, no_restart=True)  # dead already, or its loop is: make sure
+        ray.kill(engine, no_restart=True)
     except Exception:  # noqa: BLE001
         pass
 
