@@ -124,3 +124,14 @@ def test_a_first_start_that_fails_gives_up_at_once():
 
     sup = asyncio.run(main())
     assert sup.state is EngineState.FAILED and sup.restarts == 0
+
+
+def test_documented_restart_defaults_equal_the_config():
+    """docs/faults.md states the engine_restart defaults; they must be the config's."""
+    import re
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).parents[2] / "docs" / "faults.md").read_text().split())
+    documented = {k: float(v) for k, v in
+                  re.findall(r"`(max_restarts|window_s|retry_after_s)` \(default ([\d.]+)", text)}
+    assert documented == {k: float(v) for k, v in EngineRestartConfig().model_dump().items()}
