@@ -100,8 +100,8 @@ class OmniIngress:
         self.metrics = IngressMetrics()
         self.created = int(time.time())
         # Short requests through every stage once they are ready; /health is 200 only after.
-        self.warm_up = WarmUp()
-        self._warm_task = asyncio.get_running_loop().create_task(self.warm_up.run(self))
+        self.warm_up = WarmUp(self)
+        self.warm_up.start()
 
     def __serve_build_asgi_app__(self):
         """Serve calls this after ``__init__``: put this replica's guard on the served app."""
@@ -119,6 +119,8 @@ class OmniIngress:
         waiting = {name: why for name, (ok, why) in zip(self.stage_handles, states) if not ok}
         if not waiting and self.warm_up.done:
             return {"status": "ok"}
+        if waiting:
+            self.warm_up.again()  # a stage lost its engine: warm its new one before 200
         status = "unavailable" if waiting else "warming_up"
         return JSONResponse({"status": status, "stages_not_ready": waiting,
                              "warm_up": self.warm_up.state},
@@ -371,6 +373,8 @@ class OmniIngress:
             return await self.client.open(req, **opts)
         except StageUnavailable as e:
             track.finish(RequestStatus.REJECTED, e.code)
+            if e.code == "engine_unavailable":
+                self.warm_up.again()
             retry = math.ceil(e.retry_after_s if e.retry_after_s is not None else RETRY_AFTER_S)
             what = "server overloaded" if e.code == "overloaded" else "service unavailable"
             raise APIError(e.status_code, f"{what}, retry later: {e}",

@@ -7,6 +7,9 @@ audio input when the checkpoint has a processor, through the same path as a user
 (``_to_request`` -> ``PipelineClient.open`` -> ``_events``). Their ids start with
 ``WARMUP_ID_PREFIX`` so every stage engine counts them (``warmups`` in ``/debug/stats``); they
 stay out of the request metrics. A warm-up that fails is retried; ``/health`` says why meanwhile.
+When a stage is seen without a ready engine later (``/health``, or a request refused because its
+engine is restarting), the warm-up runs again once every stage is back, so a restarted engine is
+warm before ``/health`` is 200 again.
 """
 
 from __future__ import annotations
@@ -31,13 +34,27 @@ RETRY_S = 2.0  # between a failed warm-up and the next try
 
 
 class WarmUp:
-    """One ingress replica's warm-up: ``run`` once (a task); ``done`` and ``state`` for /health."""
+    """One ingress replica's warm-up (a task): ``done`` and ``state`` for /health."""
 
-    def __init__(self):
+    def __init__(self, ingress):
+        self.ingress = ingress
         self.done = False
         self.state = "waiting for the stages"
-        self.requests = 0  # warm-up requests finished
+        self.requests = 0  # warm-up requests finished (this run)
+        self.runs = 0  # finished warm-ups (the first at start-up, then one per stage outage)
         self.seconds: float | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Run the warm-up unless one is under way (needs the replica's event loop)."""
+        if self._task is None or self._task.done():
+            self.done, self.state = False, "waiting for the stages"
+            self._task = asyncio.get_running_loop().create_task(self.run(self.ingress))
+
+    def again(self) -> None:
+        """A stage lost its engine: warm up again once every stage is back."""
+        if self.done:
+            self.start()
 
     async def run(self, ingress) -> None:
         t0 = time.monotonic()
@@ -69,6 +86,7 @@ class WarmUp:
                 await asyncio.sleep(RETRY_S)
         self.seconds = time.monotonic() - t0
         self.state, self.done = "done", True
+        self.runs += 1
         logger.info("warm-up: %d requests through every stage in %.1f s", len(bodies),
                     self.seconds)
 

@@ -106,7 +106,8 @@ class StageServer:
     async def stats(self) -> dict:
         await self.sup.wait_ready(timeout_s=120)
         out = await self.engine.stats.remote()
-        return {**out, "engine_restarts": self.sup.restarts}
+        return {**out, "engine_restarts": self.sup.restarts, "engine_load_s": self.sup.load_s,
+                "engine_failover_s": self.sup.last_failover_s}
 
     async def readiness(self) -> dict:
         """Answers at once: can this replica serve now (its engine loaded, warm and alive)?"""

@@ -37,11 +37,13 @@ class EngineSupervisor:
         """``create()`` makes a new engine actor (its handle)."""
         self.stage, self.policy = stage, policy
         self._create = create
+        self._created = time.monotonic()
         self.engine = create()
         self.state = EngineState.STARTING
         self.reason = "engine loading"
         self.restarts = 0
         self.last_failover_s: float | None = None  # death -> new engine ready, the latest one
+        self.load_s: float | None = None  # the current engine's creation -> ready
         self._deaths: deque[float] = deque()
         self._task: asyncio.Task | None = None
         self._ready = asyncio.Event()  # set while READY
@@ -93,6 +95,7 @@ class EngineSupervisor:
             # 1) Wait for the engine to load.
             try:
                 await engine.ready.remote()
+                self.load_s = time.monotonic() - self._created
             except Exception as e:  # noqa: BLE001 - a start that failed: give up, loudly
                 if died_at is None or not isinstance(e, ActorDiedError):
                     self._fail(f"engine failed to start ({_brief(e)})")
@@ -118,6 +121,7 @@ class EngineSupervisor:
             self._set(EngineState.RESTARTING, f"engine died ({why}); restarting it")
             logger.warning("%s: engine died (%s); starting a new one", self.stage, why)
             self.restarts += 1
+            self._created = time.monotonic()
             self.engine = self._create()
 
     async def _watch(self, engine, died, actor_error) -> tuple[str, bool]:
