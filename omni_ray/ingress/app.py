@@ -116,10 +116,11 @@ class OmniIngress:
         GPU; warming up) and while a stage's engine is down, 503 naming the stages not ready."""
         states = await asyncio.gather(*(self._stage_readiness(name, h)
                                          for name, h in self.stage_handles.items()))
-        waiting = {name: why for name, (ok, why) in zip(self.stage_handles, states) if not ok}
+        waiting = {name: st["reason"] for name, st in zip(self.stage_handles, states)
+                   if not st["ready"]}
         if not waiting and self.warm_up.done:
             return {"status": "ok"}
-        if waiting:
+        if any(st.get("restarting") for st in states):
             self.warm_up.again()  # a stage lost its engine: warm its new one before 200
         status = "unavailable" if waiting else "warming_up"
         return JSONResponse({"status": status, "stages_not_ready": waiting,
@@ -127,12 +128,12 @@ class OmniIngress:
                             status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @staticmethod
-    async def _stage_readiness(name: str, handle) -> tuple[bool, str | None]:
+    async def _stage_readiness(name: str, handle) -> dict:
+        """The stage's ``readiness`` answer: ``ready``, ``reason`` (and ``restarting``)."""
         try:
-            state = await asyncio.wait_for(handle.readiness.remote(), timeout=HEALTH_TIMEOUT_S)
+            return await asyncio.wait_for(handle.readiness.remote(), timeout=HEALTH_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - no replica answering is "not ready"
-            return False, f"no replica answered ({type(e).__name__})"
-        return state["ready"], state["reason"]
+            return {"ready": False, "reason": f"no replica answered ({type(e).__name__})"}
 
     @app.get("/v1/models")
     async def models(self) -> dict:

@@ -7,9 +7,9 @@ audio input when the checkpoint has a processor, through the same path as a user
 (``_to_request`` -> ``PipelineClient.open`` -> ``_events``). Their ids start with
 ``WARMUP_ID_PREFIX`` so every stage engine counts them (``warmups`` in ``/debug/stats``); they
 stay out of the request metrics. A warm-up that fails is retried; ``/health`` says why meanwhile.
-When a stage is seen without a ready engine later (``/health``, or a request refused because its
-engine is restarting), the warm-up runs again once every stage is back, so a restarted engine is
-warm before ``/health`` is 200 again.
+When a stage's engine restarts later (``/health`` sees its readiness say ``restarting``, or a
+request is refused with ``engine_unavailable``), the warm-up runs again once every stage is back,
+so a restarted engine is warm before ``/health`` is 200 again.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class WarmUp:
         while True:
             states = await asyncio.gather(*(ingress._stage_readiness(n, h)
                                             for n, h in ingress.stage_handles.items()))
-            if all(ok for ok, _ in states):
+            if all(st["ready"] for st in states):
                 break
             await asyncio.sleep(0.5)
         # 2) The warm-up requests, each to its end; retried until they pass.

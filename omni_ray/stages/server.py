@@ -110,10 +110,12 @@ class StageServer:
                 "engine_failover_s": self.sup.last_failover_s}
 
     async def readiness(self) -> dict:
-        """Answers at once: can this replica serve now (its engine loaded, warm and alive)?"""
+        """Answers at once: can this replica serve now (its engine loaded and alive)? With
+        ``restarting`` when its engine died and a new one is starting."""
         self.sup.start()
         if not self.sup.ready:
-            return {"ready": False, "reason": self.sup.reason}
+            return {"ready": False, "reason": self.sup.reason,
+                    "restarting": self.sup.state is EngineState.RESTARTING}
         from ray.exceptions import ActorDiedError
 
         engine = self.engine
@@ -121,7 +123,7 @@ class StageServer:
             await asyncio.wait_for(engine.ready.remote(), timeout=1.5)
         except ActorDiedError:
             self.sup.report_death(engine, "ActorDiedError")
-            return {"ready": False, "reason": self.sup.reason}
+            return {"ready": False, "reason": self.sup.reason, "restarting": True}
         except Exception as e:  # noqa: BLE001
             return {"ready": False, "reason": f"engine not answering ({type(e).__name__})"}
         return {"ready": True, "reason": None}

@@ -87,6 +87,12 @@ class EngineSupervisor:
 
     # -- the watch --------------------------------------------------------------------------------
     async def _run(self) -> None:
+        try:
+            await self._supervise()
+        except Exception as e:  # noqa: BLE001 - e.g. a new engine could not even be created:
+            self._fail(f"engine supervisor failed ({_brief(e)})")  # Serve replaces the replica
+
+    async def _supervise(self) -> None:
         from ray.exceptions import ActorDiedError, RayActorError
 
         died_at: float | None = None

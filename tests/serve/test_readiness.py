@@ -36,9 +36,9 @@ def test_stage_readiness_follows_its_engine(ray_cluster, tiny_model_dir):
         return first, ready, dead, back, pid, new_pid, server.sup.restarts
 
     first, ready, dead, back, pid, new_pid, restarts = asyncio.run(main())
-    assert first == {"ready": False, "reason": "engine loading"}
+    assert first == {"ready": False, "reason": "engine loading", "restarting": False}
     assert ready == {"ready": True, "reason": None}
-    assert not dead["ready"] and "engine died" in dead["reason"], dead
+    assert not dead["ready"] and "engine died" in dead["reason"] and dead["restarting"], dead
     assert back == {"ready": True, "reason": None} and new_pid != pid and restarts == 1
 
 
@@ -64,3 +64,4 @@ def test_engine_that_dies_too_often_is_given_up(ray_cluster, tiny_model_dir):
 
     state = asyncio.run(main())
     assert not state["ready"] and "max_restarts=0" in state["reason"], state
+    assert not state["restarting"], state

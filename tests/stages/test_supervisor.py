@@ -126,6 +126,28 @@ def test_a_first_start_that_fails_gives_up_at_once():
     assert sup.state is EngineState.FAILED and sup.restarts == 0
 
 
+def test_a_new_engine_that_cannot_be_created_gives_up():
+    async def main():
+        engines = []
+
+        def create():
+            if engines:
+                raise RuntimeError("no resources for the new engine")
+            e = FakeEngine()
+            e.loaded.set()
+            engines.append(e)
+            return e
+
+        sup = EngineSupervisor("talker", create, EngineRestartConfig())
+        await sup.wait_ready(2)
+        engines[0].kill()
+        await _until(lambda: sup.state is EngineState.FAILED)
+        return sup
+
+    sup = asyncio.run(main())
+    assert "no resources for the new engine" in sup.reason
+
+
 def test_documented_restart_defaults_equal_the_config():
     """docs/faults.md states the engine_restart defaults; they must be the config's."""
     import re
