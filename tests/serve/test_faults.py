@@ -188,7 +188,7 @@ class HealthWatch(threading.Thread):
             time.sleep(0.1)
 
 
-def _probe_until_served(url: str, t_kill: float, deadline_s: float = 60.0) -> list[dict]:
+def _probe_until_served(url: str, t_kill: float, deadline_s: float = 120.0) -> list[dict]:
     """New requests, one after another from the kill on, until one is answered 200."""
     probes = []
     while time.monotonic() - t_kill < deadline_s:

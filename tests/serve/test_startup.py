@@ -65,18 +65,20 @@ def test_health_answers_during_start_up_and_is_200_only_after_warm_up(serve_base
     finally:
         serve.delete(APP)
 
+    # Before the ingress runs, Serve's proxy holds a request (it may time out: None) or has no
+    # route (404); from the ingress's first answer on, every answer must come quickly.
+    i0 = next(i for i, (s, *_) in enumerate(seen) if s not in (None, 404))
+    held, seen = seen[:i0 + 1], seen[i0:]
     statuses = [s for s, *_ in seen]
-    slowest = max((t for _, t, _, _ in seen[1:]), default=0.0)  # once the ingress answered
+    slowest = max((t for _, t, _, _ in seen[1:]), default=0.0)
     unavailable = [js for s, _, js, _ in seen if s == 503]
     print(f"\nstart-up: {len(seen)} /health answers, statuses {sorted(set(statuses), key=str)}; "
-          f"the first (held by Serve's proxy until the ingress ran) took {seen[0][1]:.1f}s, the "
+          f"{len(held)} before the ingress ran took {sum(t for _, t, _, _ in held):.1f}s, the "
           f"slowest after it {slowest:.2f}s; 503 bodies seen: {_kinds(unavailable)}; "
           f"warm-ups {warm}")
     assert warm == {"thinker": 2, "talker": 2, "code2wav": 2}, warm
     assert statuses[-1] == 200 and head.status_code == 200
-    assert set(statuses) <= {404, 503, 200}, statuses  # 404: Serve's proxy has no route yet
-    first_503 = statuses.index(503) if 503 in statuses else len(statuses)
-    assert 404 not in statuses[first_503:], statuses  # once the ingress answers, it answers
+    assert set(statuses) <= {503, 200}, statuses  # once the ingress answers, it answers
     assert slowest <= HEALTH_ANSWER_BOUND_S, [(s, t) for s, t, _, _ in seen if t > 1]
     assert unavailable, "the app was never seen warming up or starting"
     for s, _, js, retry in seen:
