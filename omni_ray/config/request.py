@@ -12,6 +12,10 @@ from omni_ray.payload.mm import MultiModalInputs
 Modality = Literal["text", "audio"]
 
 
+# Request ids of the ingress's warm-up requests (ingress/warmup.py); engines count them.
+WARMUP_ID_PREFIX = "warmup-"
+
+
 class OmniRequest(BaseModel):
     """A prompt (already tokenised with the chat template) and what to produce from it."""
 

@@ -34,6 +34,20 @@ class EngineResources(BaseModel):
     resources: dict[str, float] = Field(default_factory=dict)
 
 
+class EngineRestartConfig(BaseModel):
+    """What a stage replica does when its engine actor dies (docs/faults.md, "A stage's engine
+    dies"). The replica starts a new engine itself, at once; meanwhile the stage answers 503 +
+    ``Retry-After``. Past ``max_restarts`` deaths within ``window_s`` it stops and fails Serve's
+    health check instead, so Serve replaces the whole replica (``health_check_period_s``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_restarts: int = Field(3, ge=0, description="engine restarts allowed per window; 0: "
+                                                   "never restart (Serve replaces the replica)")
+    window_s: float = Field(600.0, gt=0, description="the window max_restarts counts deaths in")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After of the 503 while restarting")
+
+
 class StageConfig(BaseModel):
     """One stage: its backend, engine and Serve deployment options."""
 
@@ -47,6 +61,7 @@ class StageConfig(BaseModel):
                                           description="passed through to the backend (vLLM)")
     default_sampling: SamplingParams | None = None
     engine_resources: EngineResources = Field(default_factory=EngineResources)
+    engine_restart: EngineRestartConfig = Field(default_factory=EngineRestartConfig)
     deployment_config: dict[str, Any] = Field(
         default_factory=dict, description="passed through to serve.deployment (num_replicas, ...)")
 

@@ -38,6 +38,7 @@ from omni_ray.ingress.errors import (
     validation_error_handler,
 )
 from omni_ray.ingress.guard import Guard, GuardMiddleware, resolve_api_keys
+from omni_ray.ingress.warmup import WarmUp
 from omni_ray.ingress.pipeline_client import (
     PipelineClient,
     PipelineStream,
@@ -61,7 +62,9 @@ app.add_exception_handler(Exception, unhandled_error_handler)
 app.add_middleware(GuardMiddleware)
 
 RETRY_AFTER_S = 1  # Retry-After when a stage's backpressure_config sets none
-HEALTH_TIMEOUT_S = 5.0  # a stage that does not answer /health's readiness call in this is down
+# A stage that does not answer /health's readiness call in this is not ready (while its replica
+# starts, Serve holds the call until it runs: /health must not wait for that).
+HEALTH_TIMEOUT_S = 2.0
 
 
 class OmniIngress:
@@ -96,6 +99,9 @@ class OmniIngress:
                            lim.max_concurrent_requests_per_key)
         self.metrics = IngressMetrics()
         self.created = int(time.time())
+        # Short requests through every stage once they are ready; /health is 200 only after.
+        self.warm_up = WarmUp(self)
+        self.warm_up.start()
 
     def __serve_build_asgi_app__(self):
         """Serve calls this after ``__init__``: put this replica's guard on the served app."""
@@ -105,23 +111,29 @@ class OmniIngress:
     # -- routes --------------------------------------------------------------------------------
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health(self):
-        """200 once every stage has a replica whose engine can serve; before that (engines
-        still loading, one after another on a shared GPU) 503 naming the stages not ready."""
+        """200 once every stage has a replica whose engine can serve and this replica's warm-up
+        (ingress/warmup.py) is done; before that (engines loading, one after another on a shared
+        GPU; warming up) and while a stage's engine is down, 503 naming the stages not ready."""
         states = await asyncio.gather(*(self._stage_readiness(name, h)
                                          for name, h in self.stage_handles.items()))
-        waiting = {name: why for name, (ok, why) in zip(self.stage_handles, states) if not ok}
-        if not waiting:
+        waiting = {name: st["reason"] for name, st in zip(self.stage_handles, states)
+                   if not st["ready"]}
+        if not waiting and self.warm_up.done:
             return {"status": "ok"}
-        return JSONResponse({"status": "starting", "stages_not_ready": waiting}, status_code=503,
-                            headers={"Retry-After": str(RETRY_AFTER_S)})
+        if any(st.get("restarting") for st in states):
+            self.warm_up.again()  # a stage lost its engine: warm its new one before 200
+        status = "unavailable" if waiting else "warming_up"
+        return JSONResponse({"status": status, "stages_not_ready": waiting,
+                             "warm_up": self.warm_up.state},
+                            status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @staticmethod
-    async def _stage_readiness(name: str, handle) -> tuple[bool, str | None]:
+    async def _stage_readiness(name: str, handle) -> dict:
+        """The stage's ``readiness`` answer: ``ready``, ``reason`` (and ``restarting``)."""
         try:
-            state = await asyncio.wait_for(handle.readiness.remote(), timeout=HEALTH_TIMEOUT_S)
+            return await asyncio.wait_for(handle.readiness.remote(), timeout=HEALTH_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - no replica answering is "not ready"
-            return False, f"no replica answered ({type(e).__name__})"
-        return state["ready"], state["reason"]
+            return {"ready": False, "reason": f"no replica answered ({type(e).__name__})"}
 
     @app.get("/v1/models")
     async def models(self) -> dict:
@@ -200,8 +212,8 @@ class OmniIngress:
             raise ValueError(e.message) from None
         try:
             stream = await self.client.open(req)
-        except StageUnavailable:
-            track.finish(RequestStatus.REJECTED, "overloaded")
+        except StageUnavailable as e:
+            track.finish(RequestStatus.REJECTED, e.code)
             raise
         except StageError as e:
             track.finish(RequestStatus.ERROR, e.stage)
@@ -300,6 +312,10 @@ class OmniIngress:
             return {"role": role, "content": "".join(p["text"] for p in parts)}
         return {"role": role, "content": parts}
 
+    def media_ok(self) -> bool:
+        """Whether this deployment takes audio / image input."""
+        return self._media_unsupported() is None
+
     def _media_unsupported(self) -> str | None:
         """Why this deployment cannot take audio / image input, or None."""
         if self.args.disaggregated:
@@ -357,11 +373,14 @@ class OmniIngress:
         try:
             return await self.client.open(req, **opts)
         except StageUnavailable as e:
-            track.finish(RequestStatus.REJECTED, "overloaded")
+            track.finish(RequestStatus.REJECTED, e.code)
+            if e.code == "engine_unavailable":
+                self.warm_up.again()
             retry = math.ceil(e.retry_after_s if e.retry_after_s is not None else RETRY_AFTER_S)
-            raise APIError(e.status_code, f"server overloaded, retry later: {e}",
+            what = "server overloaded" if e.code == "overloaded" else "service unavailable"
+            raise APIError(e.status_code, f"{what}, retry later: {e}",
                            type="rate_limit_error" if e.status_code == 429 else "server_error",
-                           code="overloaded", headers={"Retry-After": str(retry)}) from e
+                           code=e.code, headers={"Retry-After": str(retry)}) from e
         except ValueError as e:  # a stage refused the request itself
             track.finish(RequestStatus.INVALID, "invalid_request")
             raise bad_request(str(e)) from e

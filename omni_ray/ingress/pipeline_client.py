@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from omni_ray.config.request import OmniRequest
+from omni_ray.exceptions import EngineUnavailable
 from omni_ray.payload import decode_chunk
 
 _DONE = object()
@@ -30,14 +31,16 @@ class StageError(Exception):
 
 
 class StageUnavailable(Exception):
-    """A stage cannot take the request now: its queue is full (Serve's ``BackPressureError``)
-    or it has no replica. Answered with ``status_code`` (503 or 429) and ``Retry-After``."""
+    """A stage cannot take the request now: its queue is full (Serve's ``BackPressureError``,
+    ``code`` "overloaded"), it has no replica, or its engine is restarting (``EngineUnavailable``,
+    ``code`` "engine_unavailable"). Answered with ``status_code`` (503 or 429) and
+    ``Retry-After``."""
 
     def __init__(self, stage: str, message: str, status_code: int = 503,
-                 retry_after_s: float | None = None):
-        super().__init__(stage, message, status_code, retry_after_s)
+                 retry_after_s: float | None = None, code: str = "overloaded"):
+        super().__init__(stage, message, status_code, retry_after_s, code)
         self.stage, self.message = stage, message
-        self.status_code, self.retry_after_s = status_code, retry_after_s
+        self.status_code, self.retry_after_s, self.code = status_code, retry_after_s, code
 
     def __str__(self) -> str:
         return f"{self.stage}: {self.message}"
@@ -147,6 +150,9 @@ async def _first(gen, name: str):
                                    cause.status_code, cause.retry_after_s) from e
         if isinstance(cause, DeploymentUnavailableError):
             raise StageUnavailable(name, cause.message) from e
+        if isinstance(cause, EngineUnavailable):
+            raise StageUnavailable(name, cause.reason, 503, cause.retry_after_s,
+                                   code="engine_unavailable") from e
         raise StageError(name, _first_line(cause)) from e
 
 

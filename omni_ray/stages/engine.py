@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from omni_ray.config.request import OmniRequest
+from omni_ray.config.request import WARMUP_ID_PREFIX, OmniRequest
 from omni_ray.metrics import EngineMetrics
 from omni_ray.payload import decode_chunk, encode_chunk
 from omni_ray.stages.logic import Emit, StageRequestError, build_stage_logic
@@ -55,13 +55,21 @@ class StageEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
-        self.counters = dict(steps=0, chunks_in=0, bytes_in=0, chunks_out=0, aborts=0, errors=0)
+        self._loop_died = asyncio.Event()  # set (on the actor's loop) when _dead is
+        self.counters = dict(steps=0, chunks_in=0, bytes_in=0, chunks_out=0, aborts=0, errors=0,
+                             warmups=0)
         self.metrics = EngineMetrics(stage)
 
     # -- control plane (called by the Serve replica) ----------------------------------------
     async def ready(self) -> str:
         self._ensure_thread()
         return self.stage
+
+    async def lifeline(self) -> str:
+        """Returns only when the step loop has died (why, as text). The replica keeps one call
+        pending (stages/supervisor.py): it fails the moment this actor's process dies."""
+        await self._loop_died.wait()
+        return repr(self._dead)
 
     async def add_request(self, request: OmniRequest, downstream=None) -> None:
         """Register a request; raises ValueError for invalid input (the caller maps it to 4xx)."""
@@ -75,6 +83,8 @@ class StageEngine:
                                  on_ack=self.metrics.on_chunk_acked,
                                  on_error=lambda e: self._on_push_error(rid, e))
         self._reqs[rid] = _ReqState(rid, asyncio.Queue(), sender)
+        if rid.startswith(WARMUP_ID_PREFIX):
+            self.counters["warmups"] += 1
         try:
             await self._call(lambda: self.logic.add(request, downstream is not None))
         except BaseException:
@@ -247,6 +257,7 @@ class StageEngine:
             st.sender.cancel()
 
     def _fail_all(self, exc: BaseException) -> None:
+        self._loop_died.set()
         for st in self._reqs.values():
             st.finished = True
             st.out.put_nowait(StageRequestError(f"{self.stage} engine loop died: {exc!r}"))

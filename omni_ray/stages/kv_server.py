@@ -36,9 +36,8 @@ class ThinkerPrefillServer(StageServer):
         import ray
         from ray.exceptions import ActorDiedError, RayActorError
 
-        engine = self.engine
+        engine = self.sup.engine_for_request()  # EngineUnavailable: nothing started yet
         try:
-            await self._ready
             gen = engine.prefill.options(num_returns="streaming").remote(request, kv_fault)
             async for ref in gen:
                 ev = await ref
@@ -47,7 +46,7 @@ class ThinkerPrefillServer(StageServer):
                 yield ev
         except RayActorError as e:
             if isinstance(e, ActorDiedError):
-                self._engine_died = type(e).__name__  # check_health fails: Serve replaces us
+                self.sup.report_death(engine, type(e).__name__)  # a new engine starts
             raise StageRequestError(f"{self.stage} engine died ({type(e).__name__})") from None
 
     async def open(self, request: OmniRequest, downstream=None, **kw):

@@ -1,14 +1,17 @@
 """Serve deployments of the three stages (undecorated; ``builders`` applies ``serve.deployment``).
 
-A replica creates its engine actor (which loads the model) and handles the control plane:
+A replica creates its engine actor (which loads the model) through an ``EngineSupervisor``
+(stages/supervisor.py), which starts a new engine at once when the old one dies, and handles the
+control plane:
 
 ``open(request, downstream)`` is a streaming method. It registers the request with the engine,
 yields the engine's actor handle first (the ingress passes it to the upstream stage, so all of a
 request's chunks for this stage reach this replica), then yields the request's encoded output
 items until the end. Cancelling the call (client gone, ingress abort) aborts the request in the
-engine; an engine error ends the stream with ``StageRequestError``. If the engine actor dies, every
-request on it ends with ``StageRequestError`` at once and ``check_health`` fails from then on, so
-Serve replaces the replica (and its engine) within ``health_check_period_s``.
+engine; an engine error ends the stream with ``StageRequestError``. While the replica has no
+ready engine (loading, or restarting after its engine died) ``open`` raises ``EngineUnavailable``
+before yielding anything (the ingress answers 503 + ``Retry-After``); requests under way on an
+engine that dies end with ``StageRequestError`` at once.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import logging
 
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.serving import OmniServingArgs
+from omni_ray.exceptions import EngineUnavailable
 from omni_ray.stages.logic import StageRequestError
+from omni_ray.stages.supervisor import EngineState, EngineSupervisor
 
 logger = logging.getLogger("ray.serve")
 
@@ -27,11 +32,20 @@ class StageServer:
     stage: str = ""
 
     def __init__(self, args: OmniServingArgs | dict):
-        import ray
-
         args = OmniServingArgs.model_validate(args)
         cfg = self.stage_config(args)
         model_dir = args.checkpoint_dir()
+        self.sup = EngineSupervisor(self.stage, lambda: self._create_engine(args, cfg, model_dir),
+                                    cfg.engine_restart)
+
+    @property
+    def engine(self):
+        """The current engine actor (a new one after a restart)."""
+        return self.sup.engine
+
+    def _create_engine(self, args: OmniServingArgs, cfg, model_dir: str):
+        import ray
+
         res = cfg.engine_resources
         options = dict(num_cpus=res.num_cpus, num_gpus=res.num_gpus, resources=res.resources,
                        max_concurrency=1000, name=None)
@@ -42,11 +56,9 @@ class StageServer:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 pg, placement_group_bundle_index=len(pg.bundle_specs) - 1)
         engine_cls, engine_kwargs = self.engine_spec(args)
-        self.engine = ray.remote(engine_cls).options(**options).remote(
-            self.stage, model_dir, cfg, args.pipeline, args.max_model_len, **engine_kwargs)
-        self._ready = self.engine.ready.remote()
-        self._engine_died: str | None = None  # set once the engine actor is gone for good
-        self._engine_started = False  # the engine answered ready once
+        return ray.remote(engine_cls).options(**options).remote(
+            self.stage, model_dir, cfg, args.pipeline, args.max_model_len,
+            **engine_kwargs)
 
     @classmethod
     def stage_config(cls, args: OmniServingArgs):
@@ -64,20 +76,25 @@ class StageServer:
         from ray.exceptions import ActorDiedError, RayActorError
 
         rid = request.request_id
+        engine = self.sup.engine_for_request()  # EngineUnavailable: nothing opened yet
+        opened = False
         try:
-            await self._ready
-            await self.engine.add_request.remote(request, downstream, **add_kwargs)
-            yield self.engine
-            gen = self.engine.stream.options(num_returns="streaming").remote(rid)
+            await engine.add_request.remote(request, downstream, **add_kwargs)
+            opened = True
+            yield engine
+            gen = engine.stream.options(num_returns="streaming").remote(rid)
             async for ref in gen:
                 yield await ref
         except (asyncio.CancelledError, GeneratorExit):
-            self.engine.abort.remote(rid)  # fire and forget: we are being cancelled
+            engine.abort.remote(rid)  # fire and forget: we are being cancelled
             raise
         except RayActorError as e:
             if isinstance(e, ActorDiedError):
-                self._engine_died = type(e).__name__
-                raise StageRequestError("engine died; the replica is being replaced") from None
+                self.sup.report_death(engine, type(e).__name__)
+                if not opened:  # died before this request started: a refusal, not a failure
+                    raise EngineUnavailable(self.stage, self.sup.reason or "engine died",
+                                            self.sup.policy.retry_after_s) from None
+                raise StageRequestError("engine died; a new one is starting") from None
             raise StageRequestError(f"engine unreachable ({type(e).__name__})") from None
 
     async def abort(self, request_id: str) -> bool:
@@ -87,42 +104,49 @@ class StageServer:
         await self.engine.fail_next_step.remote(request_id)
 
     async def stats(self) -> dict:
-        await self._ready
-        return await self.engine.stats.remote()
+        await self.sup.wait_ready(timeout_s=120)
+        out = await self.engine.stats.remote()
+        return {**out, "engine_restarts": self.sup.restarts, "engine_load_s": self.sup.load_s,
+                "engine_failover_s": self.sup.last_failover_s}
 
     async def readiness(self) -> dict:
-        """Answers at once: can this replica serve now (its engine loaded and alive)?"""
-        import ray
+        """Answers at once: can this replica serve now (its engine loaded and alive)? With
+        ``restarting`` when its engine died and a new one is starting."""
+        self.sup.start()
+        if not self.sup.ready:
+            return {"ready": False, "reason": self.sup.reason,
+                    "restarting": self.sup.state is EngineState.RESTARTING}
+        from ray.exceptions import ActorDiedError
 
-        if self._engine_died is not None:
-            return {"ready": False, "reason": f"engine died ({self._engine_died})"}
-        if not self._engine_started:
-            done, _ = ray.wait([self._ready], timeout=0)
-            if not done:
-                return {"ready": False, "reason": "engine loading"}
-            try:
-                await self._ready
-            except Exception as e:  # noqa: BLE001 - the start failed: say so
-                return {"ready": False, "reason": f"engine failed to start ({type(e).__name__})"}
-            self._engine_started = True
+        engine = self.engine
         try:  # a loaded engine answers at once, unless its process is gone
-            await asyncio.wait_for(self.engine.ready.remote(), timeout=2)
+            await asyncio.wait_for(engine.ready.remote(), timeout=1.5)
+        except ActorDiedError:
+            self.sup.report_death(engine, "ActorDiedError")
+            return {"ready": False, "reason": self.sup.reason, "restarting": True}
         except Exception as e:  # noqa: BLE001
             return {"ready": False, "reason": f"engine not answering ({type(e).__name__})"}
         return {"ready": True, "reason": None}
 
     async def check_health(self) -> None:
-        """Fails once the engine actor is dead (or its loop died): Serve replaces the replica.
+        """Fails only when the supervisor gave up (an engine failed to start, or died too often)
+        or the ready engine stops answering: then Serve replaces the replica. A restart under way
+        is healthy (the supervisor is bringing the engine back).
 
-        Serve's first check (part of the replica's start) waits for the engine to load, however
-        long that takes (a vLLM engine: a minute or more); later ones allow 30 s."""
-        if self._engine_died is not None:
-            raise RuntimeError(f"{self.stage} engine died ({self._engine_died})")
-        if not self._engine_started:
-            await self._ready  # raises if the engine failed to load
-            self._engine_started = True
+        Serve's first check (part of the replica's start) waits for the engine to load and warm
+        up, however long that takes (a vLLM engine: a minute or more); later ones allow 30 s."""
+        if self.sup.state is EngineState.STARTING:
+            await self.sup.wait_ready()  # raises once the start failed
             return
-        await asyncio.wait_for(self.engine.ready.remote(), timeout=30)
+        if self.sup.state is EngineState.FAILED:
+            raise RuntimeError(f"{self.stage} engine: {self.sup.reason}")
+        if self.sup.state is EngineState.READY:
+            try:
+                await asyncio.wait_for(self.engine.ready.remote(), timeout=30)
+            except asyncio.TimeoutError:
+                raise RuntimeError(f"{self.stage} engine hung (no answer in 30 s)") from None
+            except Exception:  # noqa: BLE001 - dead or its loop died: the supervisor restarts it
+                pass
 
 
 class ThinkerServer(StageServer):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from serve_helpers import app_args
+from serve_helpers import app_args, wait_ready
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +27,7 @@ def serve_urls(serve_base_url, tiny_model_dir):
     for mode, prefix in (("async_chunk", "/async"), ("sync", "/sync")):
         serve.run(build_omni_app(app_args(tiny_model_dir, mode)), name=f"omni-{mode}",
                   route_prefix=prefix)
-        urls[mode] = f"{serve_base_url}{prefix}"
+        urls[mode] = wait_ready(f"{serve_base_url}{prefix}")
     yield urls
 
 

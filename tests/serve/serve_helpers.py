@@ -35,6 +35,19 @@ def body(text: str, *, audio: bool = True, stream: bool = True, max_tokens: int 
     return b
 
 
+def wait_ready(url: str, deadline_s: float = 300.0, headers: dict | None = None) -> str:
+    """Poll ``/health`` until it answers 200 (every stage ready and the warm-up done: the first
+    request is then as fast as the next); returns ``url``."""
+    def ok():
+        try:
+            return httpx.get(f"{url}/health", headers=headers, timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    poll(ok, deadline_s, f"{url}/health 200", interval_s=0.2)
+    return url
+
+
 def stats(url: str) -> dict:
     r = httpx.get(f"{url}/debug/stats", timeout=30)
     r.raise_for_status()

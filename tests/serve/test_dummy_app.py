@@ -10,7 +10,7 @@ import wave
 import httpx
 import pytest
 from openai import OpenAI
-from serve_helpers import MODEL, app_args
+from serve_helpers import MODEL, app_args, wait_ready
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def dummy_url(serve_base_url, tmp_path_factory):
     d = make_dummy_checkpoint(tmp_path_factory.mktemp("dummy") / "ckpt", shape="smoke", seed=0)
     serve.run(build_omni_app(app_args(str(d), "async_chunk", allow_dummy_weights=True)),
               name="omni-dummy", route_prefix="/dummy")
-    yield f"{serve_base_url}/dummy"
+    yield wait_ready(f"{serve_base_url}/dummy")
     serve.delete("omni-dummy")
 
 

@@ -12,12 +12,22 @@ import io
 import os
 import signal
 import statistics
+import threading
 import time
 import wave
 
 import httpx
 import pytest
-from serve_helpers import SSEClient, app_args, body, poll, run_alone, stats, wait_clean
+from serve_helpers import (
+    SSEClient,
+    app_args,
+    body,
+    poll,
+    run_alone,
+    stats,
+    wait_clean,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +56,7 @@ def fault_url(serve_base_url, tiny_model_dir):
                     thinker=stage_cfg("thinker"), talker=stage_cfg("talker"),
                     code2wav=stage_cfg("code2wav", max_ongoing_requests=2, max_queued_requests=1))
     serve.run(build_omni_app(args), name=APP, route_prefix=PREFIX)
-    yield f"{serve_base_url}{PREFIX}"
+    yield wait_ready(f"{serve_base_url}{PREFIX}")
     serve.delete(APP)
 
 
@@ -156,24 +166,47 @@ def test_full_ingress_is_503_with_retry_after_from_serve_proxy(serve_base_url):
 
 
 # -- a stage's engine dies mid-stream -------------------------------------------------------
-def _healthy_pid(url: str, stage: str, old_pid: int) -> int | None:
-    try:
-        s = stats(url)
-    except httpx.HTTPError:
-        return None
-    return s[stage]["pid"] if s[stage]["pid"] != old_pid else None
+# "Back within a few seconds" (issue 18): the new engine's own start (a worker process, imports,
+# the model load; 7-25 s on this 2-core machine under others' load) plus at most this.
+FAILOVER_OVERHEAD_S = 5.0
 
 
-def _health_down(url):
-    r = httpx.get(f"{url}/health", timeout=10)
-    return r if r.status_code != 200 else None
+class HealthWatch(threading.Thread):
+    """Polls ``/health`` every 0.1 s until stopped: (seconds since start, status, body)."""
+
+    def __init__(self, url: str, t0: float):
+        super().__init__(daemon=True)
+        self.url, self.t0, self.seen, self.stop = url, t0, [], threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                r = httpx.get(f"{self.url}/health", timeout=10)
+                self.seen.append((time.monotonic() - self.t0, r.status_code, r.headers, r.json()))
+            except httpx.HTTPError as e:
+                self.seen.append((time.monotonic() - self.t0, None, {}, repr(e)))
+            time.sleep(0.1)
+
+
+def _probe_until_served(url: str, t_kill: float, deadline_s: float = 120.0) -> list[dict]:
+    """New requests, one after another from the kill on, until one is answered 200."""
+    probes = []
+    while time.monotonic() - t_kill < deadline_s:
+        r = _post(url, body("Are you back?", max_tokens=4, frames=8, stream=False))
+        r["t"] = time.monotonic() - t_kill
+        probes.append(r)
+        if r["status"] == 200:
+            return probes
+        time.sleep(0.2)
+    raise AssertionError(f"no request served {deadline_s}s after the kill: {probes[-3:]}")
 
 
 @pytest.mark.parametrize("stage", ["talker", "code2wav", "thinker"])
 def test_dead_engine_fails_its_requests_and_is_replaced(fault_url, stage):
     url = fault_url
     alone = [run_alone(url, body(p, audio=False, max_tokens=TEXT_TOKENS)) for p in TEXT_PROMPTS]
-    old_pid = stats(url)[stage]["pid"]
+    before = stats(url)[stage]
+    old_pid = before["pid"]
     audio = [SSEClient(url, body(f"Tell me a long story number {i}", max_tokens=400, frames=1200))
              for i in range(2)]
     texts = [SSEClient(url, body(p, audio=False, max_tokens=TEXT_TOKENS)) for p in TEXT_PROMPTS]
@@ -192,9 +225,21 @@ def test_dead_engine_fails_its_requests_and_is_replaced(fault_url, stage):
                   for c in audio + texts]
         raise AssertionError(f"{e}: {states}; stats {stats(url)}") from None
 
-    # 1) Kill the engine process (a crash, not a clean exit).
+    # 1) Kill the engine process (a crash, not a clean exit); new requests from then on.
     t_kill = time.monotonic()
     os.kill(old_pid, signal.SIGKILL)
+    health = HealthWatch(url, t_kill)
+    health.start()
+    # New requests once the audio streams (on the dead stage) have ended: this app's code2wav
+    # takes 2 + 1 requests, so probes beside them could meet its backpressure instead.
+    for c in audio:
+        c.join(timeout=60)
+    probes = _probe_until_served(url, t_kill)
+    t_served = probes[-1]["t"]
+    poll(lambda: any(code == 200 and t > t_served for t, code, _, _ in health.seen), 30,
+         "/health 200 again", 0.1)
+    health.stop.set()
+    health.join(timeout=30)
     for c in audio + texts:
         c.join(timeout=60)
         assert not c.is_alive(), "a request hung after its stage died"
@@ -217,21 +262,45 @@ def test_dead_engine_fails_its_requests_and_is_replaced(fault_url, stage):
         for c, a in zip(texts, alone):
             assert c.error is None and c.text == a.text and c.finish_reason == a.finish_reason
 
-    # 4) Until it is replaced, /health says which stage is down (503 + Retry-After).
-    down = poll(lambda: _health_down(url), 30, "/health reporting the dead stage",
-                interval_s=0.25)
-    assert down.status_code == 503 and down.headers.get("retry-after"), down
-    assert stage in down.json()["stages_not_ready"], down.json()
+    # 4) New requests meanwhile: served, or 503 + Retry-After in OpenAI's shape, never a 500:
+    # "engine_unavailable" naming the stage, or (this app's code2wav takes 2 + 1 requests, and
+    # a refused request's cancelled code2wav call frees its slot a moment later) "overloaded".
+    refused = probes[:-1]
+    codes = {}
+    for r in refused:
+        assert r["status"] == 503, r
+        assert r["headers"].get("retry-after") == "1", r["headers"]
+        err = r["error_body"]["error"]
+        assert set(err) == {"message", "type", "param", "code"}, err
+        assert err["code"] in ("engine_unavailable", "overloaded"), err
+        if err["code"] == "engine_unavailable":
+            assert stage in err["message"], err
+        codes[err["code"]] = codes.get(err["code"], 0) + 1
+    assert codes.get("engine_unavailable"), f"no request was refused for the dead {stage}: {codes}"
 
-    # 5) Serve replaces the replica (failed health check); new requests succeed.
-    new_pid = poll(lambda: _healthy_pid(url, stage, old_pid), 120, f"a new {stage} replica",
-                   interval_s=0.25)
-    t_replaced = time.monotonic() - t_kill
-    after = run_alone(url, body("Are you back?", max_tokens=8, frames=16))
-    assert after.text and after.audio_bytes > 0
-    poll(lambda: httpx.get(f"{url}/health", timeout=10).status_code == 200, 60, "/health ok")
-    t_serving = time.monotonic() - t_kill
+    # 5) /health said which stage was down (503 + Retry-After), then warmed the new engine up
+    # (503 warming_up), then 200 again.
+    down = [(t, b) for t, code, h, b in health.seen if code != 200]
+    assert all(code in (200, 503) for _, code, _, _ in health.seen), health.seen
+    assert any(stage in b["stages_not_ready"] for _, b in down), \
+        f"/health never reported {stage} down: {health.seen[:5]}"
+    for _, b in down:  # (other stages may show up too: a readiness call slow under load)
+        assert b["status"] in ("unavailable", "warming_up") and isinstance(b["warm_up"], str), b
+        assert b["stages_not_ready"] or b["status"] == "warming_up", b
+    assert all(h.get("retry-after") for _, code, h, _ in health.seen if code == 503)
+
+    # 6) Back within a few seconds: a new engine in the same replica, warmed up (the ingress's two
+    # warm-up requests) before /health turned 200.
+    after = stats(url)[stage]
+    assert after["pid"] != old_pid and after["engine_restarts"] == before["engine_restarts"] + 1
+    assert after["warmups"] >= 2, after  # 2 per warm-up (retried from the start if one fails)
+    t_health = max(t for t, _ in down)
+    refusal = next(r["error_body"]["error"]["message"] for r in refused
+                   if r["error_body"]["error"]["code"] == "engine_unavailable")
     print(f"\n{stage}: errors {min(detect) * 1e3:.0f}-{max(detect) * 1e3:.0f} ms after the kill "
-          f"({sorted({c.error['message'].split(': ', 1)[1] for c in bound})}); new engine pid "
-          f"{new_pid} after {t_replaced:.1f}s; serving again after {t_serving:.1f}s")
+          f"({sorted({c.error['message'].split(': ', 1)[1] for c in bound})}); new requests "
+          f"refused with 503 {codes} ({refusal!r}); served again {t_served:.1f}s after the kill; "
+          f"/health 503 until {t_health:.1f}s ({down[0][1]['stages_not_ready'][stage]!r}); the new "
+          f"engine's start took {after['engine_load_s']:.1f}s of that")
+    assert t_served <= after["engine_load_s"] + FAILOVER_OVERHEAD_S, (t_served, after)
     assert wait_clean(url, 10) == {}

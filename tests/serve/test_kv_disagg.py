@@ -19,6 +19,7 @@ import wave
 import httpx
 import numpy as np
 import pytest
+from serve_helpers import wait_ready
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +64,7 @@ def reference(serve_port, tiny_model_dir):
     from omni_ray import build_omni_app
 
     serve.run(build_omni_app(_args(tiny_model_dir)), name=f"{APP}-ref", route_prefix=REF_PREFIX)
-    url = f"http://127.0.0.1:{serve_port}{REF_PREFIX}"
+    url = wait_ready(f"http://127.0.0.1:{serve_port}{REF_PREFIX}")
     try:
         return {(m, stream): ask(url, m, stream)
                 for m in (("text", "audio"), ("text",)) for stream in (False, True)}
@@ -82,7 +83,7 @@ def kv_url(serve_port, reference, tiny_model_dir):
               "prefill": {"deployment_config": {"health_check_period_s": 1}}}
     serve.run(build_omni_app(_args(tiny_model_dir, thinker_disaggregation=disagg)),
               name=APP, route_prefix=PREFIX)
-    yield f"http://127.0.0.1:{serve_port}{PREFIX}"
+    yield wait_ready(f"http://127.0.0.1:{serve_port}{PREFIX}")
     serve.delete(APP)
 
 

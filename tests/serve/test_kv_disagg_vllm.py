@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 import httpx
+from serve_helpers import wait_ready
 from test_kv_disagg import (  # noqa: F401 - fixtures
     APP,
     FAILURES,
@@ -45,7 +46,7 @@ def vllm_kv_url(serve_port, reference, tiny_model_dir):  # noqa: F811
               "prefill": VLLM, "decode": VLLM}
     serve.run(build_omni_app(_args(tiny_model_dir, thinker_disaggregation=disagg)),
               name=f"{APP}-vllm", route_prefix="/kv-vllm")
-    yield f"http://127.0.0.1:{serve_port}/kv-vllm"
+    yield wait_ready(f"http://127.0.0.1:{serve_port}/kv-vllm")
     serve.delete(f"{APP}-vllm")
 
 

@@ -48,7 +48,7 @@ def url(serve_urls, tiny_model_dir):
     serve.run(build_omni_app(_args(tiny_model_dir, api_keys=[KEY, KEY2],
                                    enable_debug_endpoints=True)),
               name=APP, route_prefix="/sec")
-    yield f"{base}/sec"
+    yield wait_ready(f"{base}/sec")
     serve.delete(APP)
 
 
@@ -64,7 +64,7 @@ def env_url(serve_urls, tiny_model_dir):
     args["ingress_deployment_config"] = {
         "ray_actor_options": {"runtime_env": {"env_vars": {ENV_VAR: f" {ENV_KEY} ,other"}}}}
     serve.run(build_omni_app(args), name=APP_ENV, route_prefix="/sec-env")
-    yield f"{base}/sec-env"
+    yield wait_ready(f"{base}/sec-env")
     serve.delete(APP_ENV)
 
 

@@ -1,0 +1,137 @@
+"""Warm-up before ready: short requests through every stage before ``/health`` answers 200.
+
+The first request through a fresh pipeline paid 15-30x the next one's time to first token (first
+kernel runs, allocator growth, lazy imports, the audio processor's first call). So once every
+stage reports ready, the ingress replica sends one short text+audio request, and one with an
+audio input when the checkpoint has a processor, through the same path as a user request
+(``_to_request`` -> ``PipelineClient.open`` -> ``_events``). Their ids start with
+``WARMUP_ID_PREFIX`` so every stage engine counts them (``warmups`` in ``/debug/stats``); they
+stay out of the request metrics. A warm-up that fails is retried; ``/health`` says why meanwhile.
+When a stage's engine restarts later (``/health`` sees its readiness say ``restarting``, or a
+request is refused with ``engine_unavailable``), the warm-up runs again once every stage is back,
+so a restarted engine is warm before ``/health`` is 200 again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+import math
+import struct
+import time
+import wave
+
+from omni_ray.config.request import WARMUP_ID_PREFIX
+from omni_ray.config.serving import LimitsConfig
+from omni_ray.ingress.api_models import ChatCompletionRequest
+from omni_ray.ingress.errors import APIError
+
+logger = logging.getLogger("ray.serve")
+
+RETRY_S = 2.0  # between a failed warm-up and the next try
+
+
+class WarmUp:
+    """One ingress replica's warm-up (a task): ``done`` and ``state`` for /health."""
+
+    def __init__(self, ingress):
+        self.ingress = ingress
+        self.done = False
+        self.state = "waiting for the stages"
+        self.requests = 0  # warm-up requests finished (this run)
+        self.runs = 0  # finished warm-ups (the first at start-up, then one per stage outage)
+        self.seconds: float | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Run the warm-up unless one is under way (needs the replica's event loop)."""
+        if self._task is None or self._task.done():
+            self.done, self.state = False, "waiting for the stages"
+            self._task = asyncio.get_running_loop().create_task(self.run(self.ingress))
+
+    def again(self) -> None:
+        """A stage lost its engine: warm up again once every stage is back."""
+        if self.done:
+            self.start()
+
+    async def run(self, ingress) -> None:
+        t0 = time.monotonic()
+        # 1) Wait until every stage has a ready engine.
+        while True:
+            states = await asyncio.gather(*(ingress._stage_readiness(n, h)
+                                            for n, h in ingress.stage_handles.items()))
+            if all(st["ready"] for st in states):
+                break
+            await asyncio.sleep(0.5)
+        # 2) The warm-up requests, each to its end; retried until they pass.
+        bodies = warmup_bodies(ingress.args.model_id, ingress.args.limits,
+                               with_audio_input=ingress.media_ok())
+        while True:
+            self.state = "running"
+            try:
+                for body in bodies:
+                    await _one(ingress, body)
+                    self.requests += 1
+                break
+            except APIError as e:  # this deployment refuses the body itself: no retry helps
+                logger.warning("warm-up request refused (%s); skipping it", e.message)
+                bodies = [b for b in bodies if b is not body]
+                self.requests = 0
+            except Exception as e:  # noqa: BLE001 - say why on /health; try again
+                self.state = f"failed ({type(e).__name__}: {str(e)[:200]}); retrying"
+                logger.warning("warm-up %s", self.state)
+                self.requests = 0
+                await asyncio.sleep(RETRY_S)
+        self.seconds = time.monotonic() - t0
+        self.state, self.done = "done", True
+        self.runs += 1
+        logger.info("warm-up: %d requests through every stage in %.1f s", len(bodies),
+                    self.seconds)
+
+
+async def _one(ingress, body: ChatCompletionRequest) -> None:
+    req, _ = await ingress._to_request(body)
+    req = req.model_copy(update={"request_id": WARMUP_ID_PREFIX + req.request_id})
+    stream = await ingress.client.open(req)
+    async for _ in ingress._events(req, stream, _NoTrack()):
+        pass
+
+
+class _NoTrack:
+    """Stands in for a ``RequestTrack``: warm-up requests stay out of the request metrics."""
+
+    def on_text(self) -> None: ...
+    def on_audio(self) -> None: ...
+    def finish(self, *_, **__) -> None: ...
+
+
+def warmup_bodies(model_id: str, limits: LimitsConfig,
+                  with_audio_input: bool) -> list[ChatCompletionRequest]:
+    """Short text+audio requests: text input, then (if the processor exists and the limits let
+    a half-second clip in) audio input."""
+    base = {"model": model_id, "modalities": ["text", "audio"],
+            "max_tokens": min(4, limits.max_tokens),
+            "max_audio_frames": min(8, limits.max_audio_frames), "stream": True}
+    bodies = [{**base, "messages": [{"role": "user", "content": "Hello"}]}]
+    wav = _tone_wav()
+    if with_audio_input and len(wav) * 3 // 4 <= limits.max_audio_bytes:
+        part = {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}
+        bodies.append({**base, "messages": [{"role": "user", "content": [
+            part, {"type": "text", "text": "What is this?"}]}]})
+    return [ChatCompletionRequest.model_validate(b) for b in bodies]
+
+
+def _tone_wav(seconds: float = 0.5, rate: int = 16000) -> str:
+    """Base64 of a quiet 440 Hz tone as 16-bit mono WAV."""
+    n = int(seconds * rate)
+    pcm = struct.pack(f"<{n}h", *(int(3000 * math.sin(2 * math.pi * 440 * i / rate))
+                                  for i in range(n)))
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm)
+    return base64.b64encode(buf.getvalue()).decode()
