@@ -125,20 +125,32 @@ class LimitsConfig(BaseModel):
         0, ge=0, description="in-flight POSTs per API key and ingress replica; 0: unlimited")
 
 
+PLAIN_KEYS_ERROR = (
+    "security.api_keys: keys in plain text are refused (Ray Serve prints a config's args, keys "
+    "included, to its logs and console before the app is built; rotate any key written there). "
+    "Use security.api_keys_env (an env var of the ingress's node), security.api_keys_file (a "
+    "file, one key per line) or, from Python, pydantic.SecretStr values; see docs/security.md")
+
+
 class SecurityConfig(BaseModel):
     """Who may call the API and what the ingress may do on a request's behalf (docs/security.md).
 
-    Keys are ``SecretStr``: they print as ``**********`` in reprs, dumps and Serve's records of
-    deployment init args; only the ingress's guard reads their value.
+    Keys never travel in plain text through the app's ``args``: Ray Serve logs a config deploy's
+    ``args`` ("Importing application ... with arguments {...}") before ``build_omni_app`` runs.
+    They come from the ingress replica's environment (``api_keys_env``), a file on its node
+    (``api_keys_file``) or, from Python only, as ``SecretStr`` in ``api_keys`` (``**********`` in
+    reprs, dumps and Serve's records of deployment init args). Only the ingress's guard reads them.
     """
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # keys: never echoed
 
     api_keys: list[SecretStr] = Field(default_factory=list, repr=False,
-                                      description="accepted Bearer keys; empty (and no env "
-                                                  "keys): no auth")
+                                      description="Python API only: accepted Bearer keys as "
+                                                  "SecretStr; plain strings are refused")
     api_keys_env: str | None = Field("OMNI_RAY_API_KEYS",
                                      description="env var with comma-separated keys, if set")
+    api_keys_file: str | None = Field(None, description="file with one key per line (blank "
+                                                        "lines and '#' comments skipped)")
     enable_debug_endpoints: bool = False
     enable_metrics_endpoint: bool = False
     log_prompts: bool = Field(False, description="debug only: log each request's prompt text")
@@ -149,6 +161,15 @@ class SecurityConfig(BaseModel):
                                           "subdomains); empty: none")
     media_fetch_timeout_s: float = Field(5.0, gt=0, le=120)
     max_media_fetch_bytes: int = Field(10 << 20, ge=1)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _secret_keys_only(cls, v: Any) -> Any:
+        # A plain string here came from a config file's args (already printed by Serve) or
+        # from Python code that did not mark it secret: refused either way.
+        if isinstance(v, list) and any(not isinstance(k, SecretStr) for k in v):
+            raise ValueError(PLAIN_KEYS_ERROR)
+        return v
 
     @field_validator("api_keys")
     @classmethod
