@@ -109,6 +109,10 @@ class LimitsConfig(BaseModel):
                                 "included)")
     max_messages: int = Field(64, ge=1)
     max_prompt_tokens: int = Field(4096, ge=1)
+    max_prompt_chars_per_token: int = Field(
+        32, ge=1, description="text over max_prompt_tokens x this many characters is refused "
+                              "before tokenizing (a token rarely covers more)")
+    max_content_parts: int = Field(256, ge=1, description="content parts in one request")
     max_tokens: int = Field(1024, ge=1, description="upper bound of a request's max_tokens")
     default_max_tokens: int = Field(64, ge=1)
     max_audio_frames: int = Field(1500, ge=1, description="upper bound on 80 ms codec frames")
@@ -123,6 +127,11 @@ class LimitsConfig(BaseModel):
     max_media_parts: int = Field(16, ge=0, description="audio + image parts in one request")
     max_concurrent_requests_per_key: int = Field(
         0, ge=0, description="in-flight POSTs per API key and ingress replica; 0: unlimited")
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """Characters of prompt text checked before tokenizing (the one place it is decided)."""
+        return self.max_prompt_tokens * self.max_prompt_chars_per_token
 
 
 PLAIN_KEYS_ERROR = (

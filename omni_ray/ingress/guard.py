@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 from collections.abc import Mapping
 
+from ray.exceptions import TaskCancelledError
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omni_ray.config.serving import SecurityConfig
 from omni_ray.ingress.errors import APIError
+
+logger = logging.getLogger("ray.serve")
 
 # Paths anyone may call: the health probe and the playground's static page and files.
 OPEN_PATHS = frozenset({"/health", "/", "/playground"})
@@ -181,7 +185,15 @@ def _replay(first: Message, receive: Receive) -> Receive:
     pending: list[Message] = [first]
 
     async def replayed() -> Message:
-        return pending.pop() if pending else await receive()
+        if pending:
+            return pending.pop()
+        try:
+            return await receive()
+        except TaskCancelledError:
+            # Serve's proxy cancels the replica's pending receive when the client leaves: an
+            # ordinary disconnect (one INFO line), not a failed request with a traceback.
+            logger.info("client disconnected")
+            return {"type": "http.disconnect"}
 
     return replayed
 
