@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag,
+                      WithJsonSchema, field_validator)
 from pydantic_core import PydanticCustomError
 
 
@@ -29,18 +30,21 @@ class Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-def unsupported(*no_ops: Any) -> AfterValidator:
-    """A field this server does not honour: accepted only with a value that asks for nothing
-    (``None``, the OpenAI default, an empty list), refused otherwise with a 400 saying so."""
+def Unsupported(tp: Any, *no_ops: Any) -> Any:  # noqa: N802 - used as a type
+    """A field this server does not honour: ``tp`` or null, accepted only with a value that asks
+    for nothing (null, the OpenAI default, an empty list), refused otherwise with a 400 saying
+    so. The OpenAPI schema lists exactly the accepted values."""
+    accepted = ", ".join(["null", *map(json.dumps, no_ops)])
 
     def check(v: Any) -> Any:
         if v is None or v in no_ops:  # strict types first: True never stands for 1 here
             return v
         raise PydanticCustomError("unsupported_parameter",
                                   "not supported by this server (accepted only as {accepted})",
-                                  {"accepted": ", ".join(["null", *map(json.dumps, no_ops)])})
+                                  {"accepted": accepted})
 
-    return AfterValidator(check)
+    schema = {"enum": [None, *no_ops], "description": f"not supported; accepted: {accepted}"}
+    return Annotated[tp | None, AfterValidator(check), WithJsonSchema(schema)]
 
 
 class TextPart(Strict):
@@ -68,7 +72,18 @@ class ImageURLPart(Strict):
     image_url: ImageURL
 
 
-ContentPart = Annotated[Union[TextPart, InputAudioPart, ImageURLPart], Field(discriminator="type")]
+def _part_tag(v: Any) -> str | None:
+    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    return f"part[{t}]" if isinstance(t, str) else None
+
+
+# Tags in brackets: ingress/errors.py leaves them out of ``param`` (messages.0.content.1.text).
+ContentPart = Annotated[
+    Union[Annotated[TextPart, Tag("part[text]")], Annotated[InputAudioPart, Tag("part[input_audio]")],
+          Annotated[ImageURLPart, Tag("part[image_url]")]],
+    Discriminator(_part_tag, custom_error_type="invalid_content_part",
+                  custom_error_message="a content part's type must be 'text', 'input_audio' or "
+                                       "'image_url'")]
 Json = Any  # a JSON value whose shape this server does not read (refused unless a no-op)
 
 
@@ -77,9 +92,9 @@ class ChatMessage(Strict):
     content: Text | list[ContentPart] | None = None
     name: str | None = Field(None, description="accepted and ignored")
     # Assistant turns with tool calls or audio references need features this server lacks.
-    tool_calls: Annotated[list[Json] | None, unsupported([])] = None
-    function_call: Annotated[Json | None, unsupported()] = None
-    audio: Annotated[Json | None, unsupported()] = None
+    tool_calls: Unsupported(list[Json], []) = None
+    function_call: Unsupported(Json) = None
+    audio: Unsupported(Json) = None
     refusal: str | None = Field(None, description="accepted and ignored")
 
 
@@ -124,25 +139,25 @@ class ChatCompletionRequest(Strict):
     metadata: dict[str, str] | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     # Not honoured: refused unless the value asks for nothing.
-    n: Annotated[int | None, unsupported(1)] = None
-    store: Annotated[bool | None, unsupported(False)] = None
-    tools: Annotated[list[Json] | None, unsupported([])] = None
-    tool_choice: Annotated[Json | None, unsupported("none")] = None
-    parallel_tool_calls: Annotated[bool | None, unsupported()] = None
-    functions: Annotated[list[Json] | None, unsupported([])] = None
-    function_call: Annotated[Json | None, unsupported("none")] = None
-    response_format: Annotated[Json | None, unsupported({"type": "text"})] = None
-    stop: Annotated[str | list[str] | None, unsupported([])] = None
-    logprobs: Annotated[bool | None, unsupported(False)] = None
-    top_logprobs: Annotated[int | None, unsupported(0)] = None
-    logit_bias: Annotated[dict[str, Json] | None, unsupported({})] = None
-    presence_penalty: Annotated[float | None, unsupported(0.0)] = None
-    frequency_penalty: Annotated[float | None, unsupported(0.0)] = None
-    prediction: Annotated[Json | None, unsupported()] = None
-    web_search_options: Annotated[Json | None, unsupported()] = None
-    reasoning_effort: Annotated[str | None, unsupported()] = None
-    verbosity: Annotated[str | None, unsupported()] = None
-    moderation: Annotated[Json | None, unsupported()] = None
+    n: Unsupported(int, 1) = None
+    store: Unsupported(bool, False) = None
+    tools: Unsupported(list[Json], []) = None
+    tool_choice: Unsupported(Json, "none") = None
+    parallel_tool_calls: Unsupported(bool) = None
+    functions: Unsupported(list[Json], []) = None
+    function_call: Unsupported(Json, "none") = None
+    response_format: Unsupported(Json, {"type": "text"}) = None
+    stop: Unsupported(str | list[str], []) = None
+    logprobs: Unsupported(bool, False) = None
+    top_logprobs: Unsupported(int, 0) = None
+    logit_bias: Unsupported(dict[str, Json], {}) = None
+    presence_penalty: Unsupported(float, 0.0) = None
+    frequency_penalty: Unsupported(float, 0.0) = None
+    prediction: Unsupported(Json) = None
+    web_search_options: Unsupported(Json) = None
+    reasoning_effort: Unsupported(str) = None
+    verbosity: Unsupported(str) = None
+    moderation: Unsupported(Json) = None
 
     @field_validator("temperature")
     @classmethod

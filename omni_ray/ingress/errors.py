@@ -32,7 +32,8 @@ async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
 
 
 # pydantic error types answered with an OpenAI-style ``code``.
-_CODES = {"unsupported_parameter": "unsupported_parameter", "extra_forbidden": "unknown_parameter"}
+_CODES = {"unsupported_parameter": "unsupported_parameter", "extra_forbidden": "unknown_parameter",
+          "invalid_content_part": "invalid_content_part"}
 
 
 async def validation_error_handler(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -53,6 +53,10 @@ BAD = [
      "messages.0.content.0", None),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}]},
      400, "messages.0.content.0.x", "unknown_parameter"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
+        "url": "data:,x"}, "x": 1}]}]}, 400, "messages.0.content.0.x", "unknown_parameter"),
+    ({"messages": [{"role": "user", "content": [{"type": 3}]}]}, 400, "messages.0.content.0",
+     "invalid_content_part"),
     ({"messages": [{"role": "tool", "content": "42", "tool_call_id": "c1"}]}, 400,
      "messages.0", None),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
@@ -62,7 +66,6 @@ BAD = [
         "data": "AAAA", "format": "ogg"}}]}]}, 400, "messages.0.content.0.input_audio.format",
      None),
     ({"modalities": "text"}, 400, "modalities", None),
-    ({"modalities": []}, 400, "modalities", None),
     ({"modalities": ["text", "text"]}, 400, "modalities", None),
     ({"audio": "ethan"}, 400, "audio", None),
     ({"audio": {"format": "wav"}}, 400, "audio.voice", None),
