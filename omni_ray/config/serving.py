@@ -124,6 +124,10 @@ class LimitsConfig(BaseModel):
                                 "included)")
     max_messages: int = Field(64, ge=1)
     max_prompt_tokens: int = Field(4096, ge=1)
+    max_prompt_chars_per_token: int = Field(
+        32, ge=1, description="text over max_prompt_tokens x this many characters is refused "
+                              "before tokenizing (a token rarely covers more)")
+    max_content_parts: int = Field(256, ge=1, description="content parts in one request")
     max_tokens: int = Field(1024, ge=1, description="upper bound of a request's max_tokens")
     default_max_tokens: int = Field(64, ge=1)
     max_audio_frames: int = Field(1500, ge=1, description="upper bound on 80 ms codec frames")
@@ -139,21 +143,38 @@ class LimitsConfig(BaseModel):
     max_concurrent_requests_per_key: int = Field(
         0, ge=0, description="in-flight POSTs per API key and ingress replica; 0: unlimited")
 
+    @property
+    def max_prompt_chars(self) -> int:
+        """Characters of prompt text checked before tokenizing (the one place it is decided)."""
+        return self.max_prompt_tokens * self.max_prompt_chars_per_token
+
+
+PLAIN_KEYS_ERROR = (
+    "security.api_keys: keys in plain text are refused (Ray Serve prints a config's args, keys "
+    "included, to its logs and console before the app is built; rotate any key written there). "
+    "Use security.api_keys_env (an env var of the ingress's node), security.api_keys_file (a "
+    "file, one key per line) or, from Python, pydantic.SecretStr values; see docs/security.md")
+
 
 class SecurityConfig(BaseModel):
     """Who may call the API and what the ingress may do on a request's behalf (docs/security.md).
 
-    Keys are ``SecretStr``: they print as ``**********`` in reprs, dumps and Serve's records of
-    deployment init args; only the ingress's guard reads their value.
+    Keys never travel in plain text through the app's ``args``: Ray Serve logs a config deploy's
+    ``args`` ("Importing application ... with arguments {...}") before ``build_omni_app`` runs.
+    They come from the ingress replica's environment (``api_keys_env``), a file on its node
+    (``api_keys_file``) or, from Python only, as ``SecretStr`` in ``api_keys`` (``**********`` in
+    reprs, dumps and Serve's records of deployment init args). Only the ingress's guard reads them.
     """
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # keys: never echoed
 
     api_keys: list[SecretStr] = Field(default_factory=list, repr=False,
-                                      description="accepted Bearer keys; empty (and no env "
-                                                  "keys): no auth")
+                                      description="Python API only: accepted Bearer keys as "
+                                                  "SecretStr; plain strings are refused")
     api_keys_env: str | None = Field("OMNI_RAY_API_KEYS",
                                      description="env var with comma-separated keys, if set")
+    api_keys_file: str | None = Field(None, description="file with one key per line (blank "
+                                                        "lines and '#' comments skipped)")
     enable_debug_endpoints: bool = False
     enable_metrics_endpoint: bool = False
     log_prompts: bool = Field(False, description="debug only: log each request's prompt text")
@@ -164,6 +185,15 @@ class SecurityConfig(BaseModel):
                                           "subdomains); empty: none")
     media_fetch_timeout_s: float = Field(5.0, gt=0, le=120)
     max_media_fetch_bytes: int = Field(10 << 20, ge=1)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _secret_keys_only(cls, v: Any) -> Any:
+        # A plain string here came from a config file's args (already printed by Serve) or
+        # from Python code that did not mark it secret: refused either way.
+        if isinstance(v, list) and any(not isinstance(k, SecretStr) for k in v):
+            raise ValueError(PLAIN_KEYS_ERROR)
+        return v
 
     @field_validator("api_keys")
     @classmethod

@@ -38,6 +38,7 @@ from omni_ray.ingress.errors import (
     validation_error_handler,
 )
 from omni_ray.ingress.guard import Guard, GuardMiddleware, resolve_api_keys
+from omni_ray.ingress.input_limits import check_request_cost
 from omni_ray.ingress.warmup import WarmUp
 from omni_ray.ingress.pipeline_client import (
     PipelineClient,
@@ -228,12 +229,10 @@ class OmniIngress:
     async def _to_request(self, body: ChatCompletionRequest) -> tuple[OmniRequest, str]:
         lim = self.args.limits
         if body.model != self.args.model_id:
-            raise APIError(404, f"model {body.model!r} not found; this server serves "
+            raise APIError(404, f"model {_clip(body.model)!r} not found; this server serves "
                                 f"{self.args.model_id!r}", param="model", type="invalid_request_error",
                            code="model_not_found")
-        if len(body.messages) > lim.max_messages:
-            raise bad_request(f"messages: at most limits.max_messages={lim.max_messages} allowed",
-                              "messages")
+        check_request_cost(body, lim)  # before any decoding or tokenizing
         modalities = tuple(body.modalities or ["text"])
         if len(set(modalities)) != len(modalities):
             raise bad_request("modalities: duplicate entries", "modalities")
@@ -527,6 +526,11 @@ def _task_cancelling() -> bool:
     """Whether the current task has been asked to cancel (the client disconnected)."""
     task = asyncio.current_task()
     return task is None or task.cancelling() > 0
+
+
+def _clip(text: str, n: int = 64) -> str:
+    """At most ``n`` characters of a client's string, for echoing it in an error."""
+    return text if len(text) <= n else f"{text[:n]}...({len(text)} characters)"
 
 
 def _finish(reason: FinishReason) -> str:

@@ -31,15 +31,43 @@ async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
+# pydantic error types answered with an OpenAI-style ``code``.
+_CODES = {"unsupported_parameter": "unsupported_parameter", "extra_forbidden": "unknown_parameter",
+          "invalid_content_part": "invalid_content_part"}
+
+
 async def validation_error_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
     errs = exc.errors()
+    body_err = _body_error(errs)
+    if body_err is not None:
+        return JSONResponse(body_err.body(), status_code=400)
     # The most specific error: pydantic reports one per union branch ("content" as a str, then
     # as a list of parts); the deepest location is the one the client got wrong.
     first = max(errs, key=lambda e: len(e.get("loc", ())), default=None) or {
         "loc": (), "msg": "invalid request"}
     param = _param(first.get("loc", ())) or None
-    msg = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-    return JSONResponse(APIError(400, msg, param=param).body(), status_code=400)
+    kind = first.get("type")
+    text = "unrecognized request argument" if kind == "extra_forbidden" else first.get("msg")
+    msg = f"{param}: {text}" if param else str(text)
+    return JSONResponse(APIError(400, msg, param=param, code=_CODES.get(kind)).body(),
+                        status_code=400)
+
+
+def _body_error(errs: list[dict]) -> APIError | None:
+    """Errors of the body as a whole (not of a field): ``param`` is null."""
+    for e in errs:
+        loc, kind = tuple(e.get("loc", ())), e.get("type")
+        if kind == "json_invalid":  # loc is ("body", <byte offset>): the offset is no field
+            pos = loc[1] if len(loc) > 1 else "?"
+            why = (e.get("ctx") or {}).get("error", "invalid JSON")
+            return APIError(400, f"the request body is not valid JSON ({why} at position {pos})",
+                            code="invalid_json")
+        if loc == ("body",) and kind == "missing":
+            return APIError(400, "a request body is required (a JSON object)",
+                            code="missing_body")
+        if loc == ("body",):
+            return APIError(400, "the request body must be a JSON object", code="invalid_body")
+    return None
 
 
 def _param(loc) -> str:

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 from collections.abc import Mapping
 
+from ray.exceptions import TaskCancelledError
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omni_ray.config.serving import SecurityConfig
 from omni_ray.ingress.errors import APIError
+
+logger = logging.getLogger("ray.serve")
 
 # Paths anyone may call: the health probe and the playground's static page and files.
 OPEN_PATHS = frozenset({"/health", "/", "/playground"})
@@ -28,11 +32,29 @@ RETRY_AFTER_S = 1
 
 
 def resolve_api_keys(security: SecurityConfig, environ: Mapping[str, str]) -> list[str]:
-    """The accepted keys: ``security.api_keys`` and the comma-separated ``api_keys_env`` var."""
+    """The accepted keys: ``security.api_keys`` (SecretStr), the comma-separated
+    ``api_keys_env`` var and the lines of ``api_keys_file``."""
     keys = [k.get_secret_value() for k in security.api_keys]
     if security.api_keys_env and environ.get(security.api_keys_env):
         keys += [k.strip() for k in environ[security.api_keys_env].split(",")]
+    if security.api_keys_file:
+        keys += read_keys_file(security.api_keys_file)
     return [k for k in keys if k]
+
+
+def read_keys_file(path: str) -> list[str]:
+    """One key per line; blank lines and ``#`` comments skipped. Errors name the path, never a
+    line's content."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.strip() for line in f]
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"security.api_keys_file: cannot read {path!r} "
+                         f"({type(e).__name__})") from None
+    keys = [line for line in lines if line and not line.startswith("#")]
+    if not keys:
+        raise ValueError(f"security.api_keys_file: {path!r} holds no key")
+    return keys
 
 
 def is_open_path(path: str) -> bool:
@@ -163,7 +185,15 @@ def _replay(first: Message, receive: Receive) -> Receive:
     pending: list[Message] = [first]
 
     async def replayed() -> Message:
-        return pending.pop() if pending else await receive()
+        if pending:
+            return pending.pop()
+        try:
+            return await receive()
+        except TaskCancelledError:
+            # Serve's proxy cancels the replica's pending receive when the client leaves: an
+            # ordinary disconnect (one INFO line), not a failed request with a traceback.
+            logger.info("client disconnected")
+            return {"type": "http.disconnect"}
 
     return replayed
 

@@ -37,6 +37,7 @@ class _ReqState:
     reorder: Reorderer = field(default_factory=Reorderer)
     finished: bool = False
     aborted: bool = False
+    abort_started: bool = False  # abort() ran once: the stream's end and the replica's cancel
     t_added: float = field(default_factory=time.monotonic)
 
 
@@ -113,8 +114,11 @@ class StageEngine:
 
     async def abort(self, request_id: str) -> bool:
         st = self._reqs.get(request_id)
-        if st is None:
+        if st is None or st.abort_started:
             return False
+        # On a disconnect both the stream's end and the replica's cancel call this, the second
+        # while the first awaits the step thread: one request, one abort counted.
+        st.abort_started = True
         self.counters["aborts"] += 1
         await self._call(lambda: self.logic.abort(request_id))
         self._drop(request_id)

@@ -176,12 +176,40 @@ def test_keys_from_config_and_env():
 def test_keys_never_print():
     from omni_ray.config.serving import OmniServingArgs
 
-    args = OmniServingArgs.model_validate({"security": {"api_keys": ["sekrit-key-1"]}})
+    args = OmniServingArgs.model_validate({"security": {"api_keys": [SecretStr("sekrit-key-1")]}})
     for text in (repr(args), str(args), repr(args.model_dump()), args.model_dump_json(),
                  repr(args.security)):
         assert "sekrit-key-1" not in text
     with pytest.raises(ValueError) as e:  # nor in validation errors
-        OmniServingArgs.model_validate({"security": {"api_keys": ["sekrit-key-1", ""]}})
+        OmniServingArgs.model_validate({"security": {"api_keys": [SecretStr("sekrit-key-1"),
+                                                                  SecretStr("")]}})
     assert "sekrit-key-1" not in str(e.value)
     with pytest.raises(ValueError):  # a masked dump fed back in is not a key
         OmniServingArgs.model_validate(args.model_dump(mode="json"))
+    # Python dumps keep the SecretStr, so the ingress re-validates what the builder bound.
+    again = OmniServingArgs.model_validate(args.model_dump())
+    assert again.security.api_keys[0].get_secret_value() == "sekrit-key-1"
+
+
+def test_plain_keys_in_args_are_refused_naming_the_field():
+    """A config file's args are printed by Serve before the builder runs: plain keys refused."""
+    from omni_ray.config.serving import OmniServingArgs
+
+    for keys in (["sekrit-key-1"], [SecretStr("a"), "sekrit-key-1"]):
+        with pytest.raises(ValueError) as e:
+            OmniServingArgs.model_validate({"security": {"api_keys": keys}})
+        msg = str(e.value)
+        assert "security.api_keys" in msg and "api_keys_env" in msg and "api_keys_file" in msg
+        assert "sekrit-key-1" not in msg
+
+
+def test_keys_from_file(tmp_path):
+    f = tmp_path / "keys"
+    f.write_text("# ops keys\n  k-one  \n\nk-two\n")
+    sec = SecurityConfig(api_keys_env=None, api_keys_file=str(f))
+    assert resolve_api_keys(sec, {}) == ["k-one", "k-two"]
+    f.write_text("# only a comment\n\n")
+    with pytest.raises(ValueError, match="api_keys_file.*no key"):  # fail closed, never open
+        resolve_api_keys(sec, {})
+    with pytest.raises(ValueError, match="api_keys_file.*cannot read"):
+        resolve_api_keys(SecurityConfig(api_keys_file=str(tmp_path / "missing")), {})

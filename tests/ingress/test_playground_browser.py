@@ -10,6 +10,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -45,7 +46,7 @@ def base_url(ray_cluster, tiny_model_dir):
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_omni_app({"model": tiny_model_dir,
-                              "security": {"api_keys": [API_KEY], "api_keys_env": None,
+                              "security": {"api_keys": [SecretStr(API_KEY)], "api_keys_env": None,
                                            "allow_fault_injection": True}}),
               name="omni", route_prefix="/")
     yield f"http://127.0.0.1:{port}"

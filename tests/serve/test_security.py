@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 from openai import OpenAI
+from pydantic import SecretStr
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +46,7 @@ def url(serve_urls, tiny_model_dir):
     from omni_ray import build_omni_app
 
     base = serve_urls["sync"].rsplit("/sync", 1)[0]
-    serve.run(build_omni_app(_args(tiny_model_dir, api_keys=[KEY, KEY2],
+    serve.run(build_omni_app(_args(tiny_model_dir, api_keys=[SecretStr(KEY), SecretStr(KEY2)],
                                    enable_debug_endpoints=True)),
               name=APP, route_prefix="/sec")
     yield wait_ready(f"{base}/sec")

@@ -1,0 +1,51 @@
+"""The request model against OpenAI's own list of chat fields (the ``openai`` package): every
+field a client may send is declared, so each is honoured, harmless or refused by name, never
+silently dropped. No Ray: the model alone (the HTTP answers are in tests/serve/test_hostile.py)."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+from openai.types.chat import completion_create_params as params
+from pydantic import ValidationError
+
+from omni_ray.ingress.api_models import ChatCompletionRequest, ChatMessage
+
+BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def openai_fields() -> set[str]:
+    fields: set[str] = set()
+    for cls in (params.CompletionCreateParamsNonStreaming, params.CompletionCreateParamsStreaming):
+        fields |= set(typing.get_type_hints(cls))
+    return fields
+
+
+def test_every_openai_chat_field_is_declared():
+    missing = openai_fields() - set(ChatCompletionRequest.model_fields)
+    assert not missing, f"decide for each: honour, accept as harmless, or Unsupported(...): {missing}"
+
+
+def test_openai_message_fields_are_declared():
+    from openai.types.chat import ChatCompletionAssistantMessageParam, ChatCompletionUserMessageParam
+
+    want = set(typing.get_type_hints(ChatCompletionAssistantMessageParam)) | set(
+        typing.get_type_hints(ChatCompletionUserMessageParam))
+    assert want - set(ChatMessage.model_fields) == set()
+
+
+@pytest.mark.parametrize("field", sorted(
+    name for name, f in ChatCompletionRequest.model_fields.items()
+    if any(getattr(m, "json_schema", None) and "not supported" in str(m.json_schema)
+           for m in f.metadata)))
+def test_each_unsupported_field_refuses_a_real_value(field):
+    """Some value of each unsupported field is refused as unsupported_parameter (a canary for
+    a no-op list that would accept everything)."""
+    for value in ([{"x": 1}], {"x": 1}, "x", True, 3, 0.5, ["x"]):
+        try:
+            ChatCompletionRequest.model_validate({**BASE, field: value})
+        except ValidationError as e:
+            if e.errors()[0]["type"] == "unsupported_parameter":
+                return
+    pytest.fail(f"{field}: no value was refused as unsupported")
