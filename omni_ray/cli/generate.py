@@ -56,7 +56,7 @@ def add_parser(sub) -> None:
                      help="max codec frames, 80 ms each (default: the app's, "
                           f"{DEFAULT_MAX_AUDIO_FRAMES})")
     gen.add_argument("--sample", action="store_true",
-                     help="sample (thinker T=0.7 top-p 0.9; talker T=0.9 top-k 50) instead of greedy")
+                     help="sample (thinker T=0.7 top-p 0.9; talker T=0.9 top-k 50), not greedy")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     gen.add_argument("--out", type=Path, default=None,
                      help=f"write the audio, by suffix: {', '.join(AUDIO_SUFFIXES)}")

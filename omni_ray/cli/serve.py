@@ -45,7 +45,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     extra = {"model_id": args.model_id, "security": {"api_keys_env": args.api_key_env}}
     try:
         sa, sf = serving_args(args, extra)
-        print(f"omni-ray serve: finding {sa.model} ...", file=sys.stderr, flush=True)
+        what = "making the tiny checkpoint" if sa.model == "tiny" else "finding"
+        print(f"omni-ray serve: {what} {sa.model} ...", file=sys.stderr, flush=True)
         model = sa.checkpoint_dir()
     except (OSError, ValueError) as e:
         parser.error(str(e))

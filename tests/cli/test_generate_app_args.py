@@ -60,6 +60,7 @@ def test_config_speaker_any_case_and_flac(omni, tiny_model_dir, tmp_path, capsys
     want = omni.generate(OmniRequest(request_id="cli", prompt_token_ids=omni.prompt_ids("Hello"),
                                      speaker="chelsie", max_tokens=5, max_audio_frames=12))[0]
     assert (got["mode"], got["speaker"], got["model"]) == ("sync", "chelsie", tiny_model_dir)
+    assert f"loading {tiny_model_dir} (thinker, talker, code2wav)" in err and "generating" in err
     assert got["text_token_ids"] == want.text_token_ids and got["codec_frames"] == 12
     audio, rate = sf.read(str(flac), dtype="int16")
     pcm = np.frombuffer(__import__("omni_ray.audio").audio.to_pcm16(want.audio), "<i2")
@@ -68,8 +69,9 @@ def test_config_speaker_any_case_and_flac(omni, tiny_model_dir, tmp_path, capsys
     assert any("RANDOM weights" in r.getMessage() and r.levelname == "WARNING"
                for r in caplog.records)  # the tiny checkpoint is random: said once, as a warning
     # the config's default voice when --speaker is not given
-    got, _ = _run(capsys, ["generate", "--config", str(cfg), "--text", "Hello", "--json",
-                           "--modalities", "text"])
+    got, err = _run(capsys, ["generate", "--config", str(cfg), "--text", "Hello", "--json",
+                             "--modalities", "text"])
+    assert f"loading {tiny_model_dir} (thinker) on cpu" in err
     assert got["text_token_ids"] == want.text_token_ids
 
 

@@ -57,7 +57,8 @@ def test_missing_id_or_path_is_an_error_naming_it(tmp_path):
     assert got.returncode == 3 and "'acme/not-cached'" in got.stderr
     assert "not in the Hugging Face cache" in got.stderr
     got = _resolve(tmp_path / "hf", str(tmp_path / "no" / "such" / "dir"))
-    assert got.returncode == 3 and f"no checkpoint directory at '{tmp_path}/no/such/dir'" in got.stderr
+    assert got.returncode == 3
+    assert f"no checkpoint directory at '{tmp_path}/no/such/dir'" in got.stderr
 
 
 @pytest.mark.parametrize("model, hub", [("Qwen/Qwen3-Omni-30B-A3B-Instruct", True),
