@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from omni_ray.audio_formats import AUDIO_SUFFIXES, SOUNDFILE_FORMATS
+
 DEFAULT_SAMPLE_RATE = 24000  # Hz: Qwen3-Omni's code2wav output
 
 
@@ -44,8 +46,11 @@ def wav_bytes(samples, sample_rate: int = DEFAULT_SAMPLE_RATE) -> bytes:
     return buf.getvalue()
 
 
+
+
 def write_audio(path, samples, sample_rate: int = DEFAULT_SAMPLE_RATE) -> Path:
-    """Write ``samples`` to ``path`` by suffix: ``.wav`` (PCM16 mono) or ``.npy`` (float32, lossless).
+    """Write ``samples`` to ``path`` by suffix: ``.wav`` (PCM16 mono), ``.flac`` (PCM16), ``.ogg``
+    (Vorbis), ``.mp3`` or ``.npy`` (float32, lossless).
 
     ``.npy`` keeps no sample rate; it is the exact waveform, for comparisons. Returns the path.
     """
@@ -56,6 +61,13 @@ def write_audio(path, samples, sample_rate: int = DEFAULT_SAMPLE_RATE) -> Path:
     elif suffix == ".npy":
         with open(path, "wb") as f:  # a file object: np.save would append ".npy" to ".NPY"
             np.save(f, _mono_float32(samples))
+    elif suffix in SOUNDFILE_FORMATS:
+        import soundfile as sf
+
+        fmt, subtype = SOUNDFILE_FORMATS[suffix]
+        x = np.clip(np.nan_to_num(_mono_float32(samples)), -1.0, 1.0)
+        sf.write(str(path), x, int(sample_rate), format=fmt, subtype=subtype)
     else:
-        raise ValueError(f"unsupported audio file type {path.suffix!r} ({path}); use .wav or .npy")
+        raise ValueError(f"unsupported audio file type {path.suffix!r} ({path}); use "
+                         f"{', '.join(AUDIO_SUFFIXES)}")
     return path

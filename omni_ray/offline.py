@@ -18,7 +18,7 @@ import torch
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.request import OmniRequest
 from omni_ray.inputs.processor import InputProcessor
-from omni_ray.models.loading import load_stage
+from omni_ray.models.loading import load_omni_config, load_stage
 from omni_ray.models.tokenizer import encode_chat, load_tokenizer
 from omni_ray.payload import FinishReason
 from omni_ray.runners.chunking import CodecChunker, ThinkerChunker
@@ -84,25 +84,29 @@ class Omni:
                  dtype: torch.dtype = torch.float32, pipeline: PipelineConfig | None = None,
                  max_num_seqs: int = 64, thinker_backend: str = "transformers",
                  thinker_engine_kwargs: dict | None = None, thinker_runner=None,
-                 talker_backend: str = "transformers", talker_engine_kwargs: dict | None = None):
+                 talker_backend: str = "transformers", talker_engine_kwargs: dict | None = None,
+                 audio: bool = True):
         """``thinker_backend`` / ``talker_backend``: "transformers" or "vllm" (the
         ``*_engine_kwargs`` go to vLLM's EngineArgs). ``thinker_runner`` injects a ready thinker runner (e.g. one vLLM engine
-        shared by tests) instead of building one; it must be idle and is not owned by ``Omni``."""
+        shared by tests) instead of building one; it must be idle and is not owned by ``Omni``.
+        ``audio=False`` loads the thinker alone (no talker, no code2wav): text-only requests."""
         self.model_dir = Path(model)
         self.pipeline = (pipeline or PipelineConfig()).model_copy(update={"mode": mode})
         self._injected_thinker = thinker_runner
         self.thinker = (thinker_runner if thinker_runner is not None else make_thinker_runner(
             thinker_backend, model, device, dtype, max_num_seqs, thinker_engine_kwargs))
-        self.talker = make_talker_runner(talker_backend, model, device, dtype, max_num_seqs,
-                                         talker_engine_kwargs)
-        cw = load_stage(model, "code2wav", device, dtype)
-        cfg = self.talker.cfg
+        self.talker = self.code2wav = None
+        if audio:
+            self.talker = make_talker_runner(talker_backend, model, device, dtype, max_num_seqs,
+                                             talker_engine_kwargs)
+            cw = load_stage(model, "code2wav", device, dtype)
+            self.code2wav = Code2WavRunner(cw.module, mode=self.pipeline.code2wav_mode,
+                                           left_context_frames=self.pipeline.left_context_frames,
+                                           device=device)
+        cfg = self.talker.cfg if audio else load_omni_config(model)
         self.config = cfg
         self.tokenizer = load_tokenizer(model)
         self.inputs = InputProcessor(model, self.tokenizer)
-        self.code2wav = Code2WavRunner(cw.module, mode=self.pipeline.code2wav_mode,
-                                       left_context_frames=self.pipeline.left_context_frames,
-                                       device=device)
         self.groups = cfg.talker_config.num_code_groups
 
     def prompt_ids(self, text: str, system: str | None = None) -> list[int]:
@@ -120,12 +124,15 @@ class Omni:
         """Stop the vLLM engines (if any) together: in-process vLLM engines share the process's
         parallel state, which the first engine shutdown tears down for all of them."""
         for runner in (self.talker, self.thinker):
-            if hasattr(runner, "shutdown") and runner is not self._injected_thinker:
+            if runner is not None and hasattr(runner, "shutdown") and runner is not self._injected_thinker:
                 runner.shutdown()
 
     def generate(self, requests: OmniRequest | list[OmniRequest]) -> list[OmniOutput]:
         """Run requests together (continuous batching); returns outputs in request order."""
         reqs = [requests] if isinstance(requests, OmniRequest) else list(requests)
+        if self.talker is None and any(r.wants_audio for r in reqs):
+            raise ValueError("this Omni was built with audio=False (no talker, no code2wav): "
+                             "ask for modalities=('text',)")
         ids = [r.request_id for r in reqs]
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate request ids in one generate() call: {ids}")
@@ -143,7 +150,9 @@ class Omni:
                     raise RuntimeError("pipeline stalled: no stage can make progress")
         except BaseException:
             for rid in ids:
-                self.thinker.abort(rid), self.talker.abort(rid), self.code2wav.abort(rid)
+                for runner in (self.thinker, self.talker, self.code2wav):
+                    if runner is not None:
+                        runner.abort(rid)
             raise
         return [self._output(tracks[r.request_id]) for r in reqs]
 
@@ -189,7 +198,7 @@ class Omni:
 
     # 2) Talker: one frame per ready request; codec chunks to code2wav, decoded on arrival.
     def _talker_step(self, tracks: dict[str, _Track]) -> bool:
-        if not self.talker.has_ready():
+        if self.talker is None or not self.talker.has_ready():
             return False
         for out in self.talker.step():
             t = tracks[out.request_id]

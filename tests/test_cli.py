@@ -183,13 +183,13 @@ BAD_ARGS = {
     "no prompt": ["generate"],
     "two prompts": ["generate", "--text", "a", "--prompt-ids", "1"],
     "mode": ["generate", "--text", "a", "--mode", "fast"],
-    "speaker": ["generate", "--text", "a", "--speaker", "bob"],
     "max tokens": ["generate", "--text", "a", "--max-tokens", "0"],
     "max frames": ["generate", "--text", "a", "--max-audio-frames", "-3"],
     "prompt ids": ["generate", "--prompt-ids", "1,x"],
     "system with ids": ["generate", "--prompt-ids", "1,2", "--system", "s"],
     "modality": ["generate", "--text", "a", "--modalities", "video"],
-    "out suffix": ["generate", "--text", "a", "--out", "a.mp3"],
+    "out suffix": ["generate", "--text", "a", "--out", "a.aac"],
+    "config file": ["generate", "--text", "a", "--config", "no-such.yaml"],
     "out without audio": ["generate", "--text", "a", "--modalities", "text", "--out", "a.wav"],
     "code2wav mode": ["generate", "--text", "a", "--code2wav-mode", "magic"],
 }
@@ -206,7 +206,8 @@ def test_bad_args_exit_2(argv, capsys):
 def test_missing_model_dir_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["generate", "--model", str(tmp_path / "nope"), "--text", "a"])
-    assert e.value.code == 2 and "no config.json" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"no checkpoint directory at '{tmp_path / 'nope'}'" in err
 
 
 @pytest.mark.parametrize("ids, message", [("1,2,3", "assistant"), ("151644,999999999", "vocab")])
@@ -224,12 +225,22 @@ def assert_same_audio(a, b):
 
 
 def test_generate_defaults_are_the_apps():
-    """`omni-ray generate` vocodes and delivers as the Serve app does by default (issue 19)."""
+    """`omni-ray generate` takes what the Serve app would (issue 19, 22): no flag, no file -> the
+    app's defaults; a flag -> the flag."""
     from omni_ray.cli import build_parser
+    from omni_ray.cli.serve_config import serving_args
+    from omni_ray.config.serving import OmniServingArgs
 
     args = build_parser().parse_args(["generate", "--text", "a"])
-    assert (args.mode, args.code2wav_mode) == ("async_chunk", "stateful")
-    from omni_ray.config.pipeline import PipelineConfig
-
-    app = PipelineConfig()
-    assert (args.mode, args.code2wav_mode) == (app.mode, app.code2wav_mode)
+    got, _ = serving_args(args)
+    app = OmniServingArgs()
+    assert got.pipeline == app.pipeline and got.pipeline.code2wav_mode == "stateful"
+    assert (got.default_speaker, got.limits) == (app.default_speaker, app.limits)
+    assert (got.thinker.backend, got.thinker.device, got.thinker.dtype) == ("transformers", "cpu",
+                                                                             "float32")
+    args = build_parser().parse_args(["generate", "--text", "a", "--device", "cuda:1", "--dtype",
+                                      "bfloat16", "--talker-backend", "vllm"])
+    got, _ = serving_args(args)
+    assert {s.device for s in (got.thinker, got.talker, got.code2wav)} == {"cuda:1"}
+    assert {s.dtype for s in (got.thinker, got.talker, got.code2wav)} == {"bfloat16"}
+    assert (got.thinker.backend, got.talker.backend) == ("transformers", "vllm")

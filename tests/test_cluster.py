@@ -230,3 +230,42 @@ def test_pods_share_image_model_volume_and_api_keys(manifest):
             # The ingress replica may land on any pod, so every pod gets the keys' env var.
             env = {e["name"]: e for e in container.get("env", [])}
             assert "secretKeyRef" in env["OMNI_RAY_API_KEYS"]["valueFrom"], name
+
+
+# -- the weights Job fills what the RayService mounts ---------------------------------------------
+def _weights_docs() -> dict[str, dict]:
+    docs = yaml.safe_load_all((REPO / "cluster" / "weights-job.yaml").read_text())
+    return {d["kind"]: d for d in docs}
+
+
+def test_weights_job_fills_the_mounted_model_dir(manifest):
+    docs = _weights_docs()
+    job, pvc = docs["Job"], docs["PersistentVolumeClaim"]
+    assert job["apiVersion"] == "batch/v1" and pvc["apiVersion"] == "v1"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] in ("Never", "OnFailure")
+    (container,) = pod["containers"]
+    cmd = container["command"]
+    assert cmd[:3] == ["hf", "download", "Qwen/Qwen3-Omni-30B-A3B-Instruct"]
+    local_dir = cmd[cmd.index("--local-dir") + 1]
+    assert local_dir == yaml.safe_load(SERVE_CONFIG.read_text())["applications"][0]["args"]["model"]
+    (mount,) = container["volumeMounts"]
+    assert local_dir.startswith(mount["mountPath"] + "/") and not mount.get("readOnly")
+    (vol,) = pod["volumes"]
+    claim = vol["persistentVolumeClaim"]["claimName"]
+    assert claim == pvc["metadata"]["name"]
+    ray_claims = {v["persistentVolumeClaim"]["claimName"]
+                  for g in _groups(manifest).values()
+                  for v in g["template"]["spec"].get("volumes", []) if "persistentVolumeClaim" in v}
+    assert ray_claims == {claim}  # the volume every Ray pod mounts
+
+
+def test_weights_job_pod_is_a_valid_pod_template(rayservice_validator, manifest):
+    """The Job's pod template, put in place of the head's, validates against the RayService
+    CRD (which embeds Kubernetes' PodTemplateSpec schema)."""
+    doc = copy.deepcopy(manifest)
+    head = doc["spec"]["rayClusterConfig"]["headGroupSpec"]
+    head["template"] = copy.deepcopy(_weights_docs()["Job"]["spec"]["template"])
+    assert _errors(rayservice_validator, doc) == []
+    head["template"]["spec"]["containers"][0]["volumeMounts"][0]["mountpath"] = "/x"
+    assert _errors(rayservice_validator, doc)  # a misspelt field is caught

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from omni_ray.config.defaults import DEFAULT_CODE2WAV_MODE, DEFAULT_MODE
+
 Mode = Literal["sync", "async_chunk"]
 
 
@@ -20,11 +22,11 @@ class PipelineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Mode = "async_chunk"
+    mode: Mode = DEFAULT_MODE
     initial_chunk_frames: int = Field(4, ge=1, le=1000)
     chunk_frames: int = Field(25, ge=1, le=1000)
     code2wav_mode: Literal["window", "stateful"] = Field(
-        "stateful",
+        DEFAULT_CODE2WAV_MODE,
         description="stateful: carry attention/conv state, exact for any chunking (default); "
                     "window: re-decode left_context_frames each chunk")
     left_context_frames: int = Field(25, ge=1, le=2000,

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from omni_ray.config.defaults import DEFAULT_MAX_AUDIO_FRAMES, DEFAULT_MAX_TOKENS, DEFAULT_SPEAKER
 from omni_ray.config.sampling import THINKER_GREEDY, TALKER_GREEDY, SamplingParams
 from omni_ray.payload.mm import MultiModalInputs
 
@@ -24,9 +25,9 @@ class OmniRequest(BaseModel):
     request_id: str = Field(min_length=1, max_length=256)
     prompt_token_ids: list[int] = Field(min_length=1)
     modalities: tuple[Modality, ...] = ("text", "audio")
-    speaker: str = "ethan"
-    max_tokens: int = Field(64, ge=1, description="max text tokens from the thinker")
-    max_audio_frames: int = Field(600, ge=1, description="max codec frames (80 ms each)")
+    speaker: str = DEFAULT_SPEAKER
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="max text tokens from the thinker")
+    max_audio_frames: int = Field(DEFAULT_MAX_AUDIO_FRAMES, ge=1, description="max codec frames (80 ms each)")
     stop_token_ids: tuple[int, ...] = ()
     thinker_sampling: SamplingParams = THINKER_GREEDY
     talker_sampling: SamplingParams = TALKER_GREEDY

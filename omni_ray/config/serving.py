@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from omni_ray.config.defaults import DEFAULT_MAX_AUDIO_FRAMES, DEFAULT_MAX_TOKENS, DEFAULT_SPEAKER
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.sampling import THINKER_GREEDY, TALKER_GREEDY, SamplingParams
 
@@ -129,9 +130,9 @@ class LimitsConfig(BaseModel):
                               "before tokenizing (a token rarely covers more)")
     max_content_parts: int = Field(256, ge=1, description="content parts in one request")
     max_tokens: int = Field(1024, ge=1, description="upper bound of a request's max_tokens")
-    default_max_tokens: int = Field(64, ge=1)
+    default_max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
     max_audio_frames: int = Field(1500, ge=1, description="upper bound on 80 ms codec frames")
-    default_max_audio_frames: int = Field(600, ge=1)
+    default_max_audio_frames: int = Field(DEFAULT_MAX_AUDIO_FRAMES, ge=1)
     max_audio_bytes: int = Field(20 << 20, ge=1,
                                  description="decoded size of one input_audio part")
     max_image_bytes: int = Field(10 << 20, ge=1,
@@ -226,7 +227,10 @@ class OmniServingArgs(BaseModel):
     # Errors name the field and the rule but never echo the input: it may hold API keys.
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
-    model: str = Field("tiny", description="checkpoint dir, or 'tiny' for the embedded default")
+    model: str = Field("tiny", description="checkpoint dir, a Hugging Face hub id "
+                       "('Qwen/Qwen3-Omni-30B-A3B-Instruct', fetched into the hub cache), or "
+                       "'tiny' for the embedded default (random weights)")
+    revision: str | None = Field(None, description="hub branch, tag or commit of `model`")
     model_id: str = Field("qwen3-omni", min_length=1, description="name served in /v1/models")
     make_tiny_if_missing: bool = Field(
         False, description="make the tiny checkpoint at `model` when that directory is missing "
@@ -243,7 +247,7 @@ class OmniServingArgs(BaseModel):
     ingress_deployment_config: dict[str, Any] = Field(default_factory=dict)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
-    default_speaker: str = "ethan"
+    default_speaker: str = DEFAULT_SPEAKER
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "OmniServingArgs":
@@ -278,14 +282,23 @@ class OmniServingArgs(BaseModel):
         """The checkpoint to load, made first when it is the tiny default (or allowed to be)."""
         from pathlib import Path
 
+        from omni_ray.constants import default_model_dir
         from omni_ray.models.tiny import ensure_tiny_checkpoint
 
-        path = self.resolved_model_dir()
-        if self.model == "tiny" or (self.make_tiny_if_missing and not Path(path).exists()):
+        if self.model == "tiny" or (self.make_tiny_if_missing and not Path(self.model).exists()):
+            path = str(default_model_dir()) if self.model == "tiny" else self.model
             ensure_tiny_checkpoint(path)
+        path = self.resolved_model_dir()
         if not (Path(path) / "config.json").exists():
             raise FileNotFoundError(f"model: no checkpoint directory at {path!r}")
-        self.check_dummy_weights(path)
+        if self.check_dummy_weights(path) is None:
+            from omni_ray.models.random_weights import random_weights_warning
+
+            note = random_weights_warning(path)  # the tiny checkpoint: random too, say so
+            if note:
+                import logging
+
+                logging.getLogger("ray.serve").warning(note.removeprefix("WARNING: "))
         return path
 
     def check_dummy_weights(self, path: str | None = None) -> dict | None:
@@ -308,7 +321,11 @@ class OmniServingArgs(BaseModel):
         return info
 
     def resolved_model_dir(self) -> str:
-        """The checkpoint path every replica loads ('tiny' maps to the embedded default)."""
+        """The checkpoint path every replica loads ('tiny' maps to the embedded default, a hub
+        id to its snapshot in the Hugging Face cache, downloaded if missing)."""
         from omni_ray.constants import default_model_dir
+        from omni_ray.models.hub import resolve_model
 
-        return str(default_model_dir()) if self.model == "tiny" else self.model
+        if self.model == "tiny":
+            return str(default_model_dir())
+        return resolve_model(self.model, self.revision)

@@ -51,6 +51,8 @@ CHAT_TEMPLATE = (
 TINY_IMAGE_MIN_PIXELS = 32 * 32
 TINY_IMAGE_MAX_PIXELS = 32 * 32 * 16
 AUDIO_GAIN = 3.0e5
+# Written into every tiny checkpoint: its weights are random (models/random_weights.py).
+TINY_MARKER = "omni_ray_tiny.json"
 SPEAKERS = {"chelsie": 2301, "ethan": 2302, "aiden": 2303}
 # Attention heads are 64 wide: vLLM's CPU attention rejects smaller ones.
 _HEAD_DIM = 64
@@ -206,7 +208,12 @@ def make_tiny_checkpoint(out_dir: str | os.PathLike, seed: int = 0, *,
     write_tokenizer(out)
     if processor:
         write_processor(out)
+    write_tiny_marker(out, seed)
     return out
+
+
+def write_tiny_marker(out: Path, seed: int = 0) -> None:
+    (out / TINY_MARKER).write_text(json.dumps({"seed": int(seed), "note": "random weights"}))
 
 
 def ensure_tiny_checkpoint(out_dir: str | os.PathLike, seed: int = 0) -> Path:
@@ -216,6 +223,8 @@ def ensure_tiny_checkpoint(out_dir: str | os.PathLike, seed: int = 0) -> Path:
         if not (out / "processor_config.json").exists():  # made before audio/image input
             write_tokenizer(out)
             write_processor(out)
+        if not (out / TINY_MARKER).exists():  # made before the marker
+            write_tiny_marker(out, seed)
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     make_tiny_checkpoint(tmp, seed)

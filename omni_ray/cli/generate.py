@@ -1,0 +1,220 @@
+"""``omni-ray generate``: one prompt through the offline pipeline (``Omni``) with the app's args.
+
+What loads, and how, comes from the same ``build_omni_app`` args the Serve app takes
+(``--config FILE``, then flags; ``serve_config.py``), so every default is the app's. Only the
+stages the modalities need are loaded (``--modalities text``: the thinker alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from omni_ray.audio_formats import AUDIO_SUFFIXES
+from omni_ray.cli.argtypes import MODALITIES, modalities, positive_int, token_ids
+from omni_ray.cli.serve_config import add_app_flags, serving_args
+from omni_ray.config.defaults import (DEFAULT_CODE2WAV_MODE, DEFAULT_MAX_AUDIO_FRAMES,
+                                      DEFAULT_MAX_TOKENS, DEFAULT_MODE, DEFAULT_SPEAKER)
+
+# --sample: per-stage sampling a person would serve with (talker as in vLLM-Omni's defaults).
+THINKER_SAMPLING = dict(temperature=0.7, top_p=0.9)
+TALKER_SAMPLING = dict(temperature=0.9, top_k=50, repetition_penalty=1.05)
+
+
+def add_parser(sub) -> None:
+    gen = sub.add_parser("generate", help="text (and speech) for one prompt, offline")
+    gen.add_argument("--model", default=None,
+                     help="checkpoint directory, Hugging Face hub id, or 'tiny' (default: the "
+                          "config's model, else the tiny checkpoint in $OMNI_RAY_HOME: random "
+                          "weights)")
+    add_app_flags(gen)
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--text", help="user message (wrapped in the chat template)")
+    prompt.add_argument("--prompt-ids", type=token_ids, metavar="1,2,3",
+                        help="prompt token ids, chat template already applied")
+    gen.add_argument("--system", help="system message (with --text only)")
+    gen.add_argument("--audio", type=Path, action="append", default=[], metavar="FILE",
+                     help="a .wav or .mp3 clip in the user message, before the text (repeatable)")
+    gen.add_argument("--image", type=Path, action="append", default=[], metavar="FILE",
+                     help="an image (png, jpeg, webp, gif, bmp) in the user message (repeatable)")
+    gen.add_argument("--modalities", type=modalities, default=MODALITIES, metavar="text[,audio]",
+                     help="what to produce (default text,audio; text loads the thinker only)")
+    gen.add_argument("--mode", choices=("sync", "async_chunk"), default=None,
+                     help=f"stage delivery (default: the config's, else {DEFAULT_MODE})")
+    gen.add_argument("--code2wav-mode", choices=("window", "stateful"), default=None,
+                     help="chunked vocoding (default: the config's, else "
+                          f"{DEFAULT_CODE2WAV_MODE})")
+    gen.add_argument("--speaker", default=None,
+                     help="a voice of the checkpoint's talker, any case (default: the config's "
+                          f"default_speaker, else {DEFAULT_SPEAKER})")
+    gen.add_argument("--max-tokens", type=positive_int, default=None,
+                     help=f"max text tokens (default: the app's, {DEFAULT_MAX_TOKENS})")
+    gen.add_argument("--max-audio-frames", type=positive_int, default=None,
+                     help="max codec frames, 80 ms each (default: the app's, "
+                          f"{DEFAULT_MAX_AUDIO_FRAMES})")
+    gen.add_argument("--sample", action="store_true",
+                     help="sample (thinker T=0.7 top-p 0.9; talker T=0.9 top-k 50), not greedy")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    gen.add_argument("--out", type=Path, default=None,
+                     help=f"write the audio, by suffix: {', '.join(AUDIO_SUFFIXES)}")
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.set_defaults(run=run, parser=gen)
+
+
+def _status(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    # 1) Check what argparse cannot, before loading anything.
+    _check_args(parser, args)
+    wants_audio = "audio" in args.modalities
+    pipeline = {"mode": args.mode, "code2wav_mode": args.code2wav_mode}
+    try:
+        sa, _ = serving_args(args, {"pipeline": pipeline, "allow_dummy_weights": True})
+    except (OSError, ValueError) as e:
+        parser.error(str(e))
+
+    # 2) Find (or make, or fetch) the checkpoint; say when its weights are random.
+    warnings_to_stderr()
+    if sa.model == "tiny" and not (Path(sa.resolved_model_dir()) / "config.json").is_file():
+        _status(f"making the tiny checkpoint in {sa.resolved_model_dir()} ...")
+    try:
+        model = sa.checkpoint_dir()
+    except (OSError, ValueError) as e:
+        parser.error(str(e))
+    speaker = _speaker(parser, args, sa, model) if wants_audio else sa.default_speaker
+
+    # 3) Load only the stages the modalities need.
+    import torch
+
+    from omni_ray.offline import Omni
+
+    stages = "thinker, talker, code2wav" if wants_audio else "thinker"
+    _status(f"loading {model} ({stages}) on {sa.thinker.device} ...")
+    t0 = time.perf_counter()
+    omni = Omni(model, mode=sa.pipeline.mode, pipeline=sa.pipeline, device=sa.thinker.device,
+                dtype=getattr(torch, sa.thinker.dtype), audio=wants_audio,
+                thinker_backend=sa.thinker.backend, thinker_engine_kwargs=sa.thinker.engine_kwargs,
+                talker_backend=sa.talker.backend, talker_engine_kwargs=sa.talker.engine_kwargs)
+    try:
+        _status(f"loaded in {time.perf_counter() - t0:.1f} s; generating ...")
+        request = _request(parser, args, omni, sa, speaker)
+        try:
+            out = omni.generate(request)[0]
+        except ValueError as e:  # runners raise ValueError for requests they cannot serve
+            parser.exit(2, f"{parser.prog}: error: {e}\n")
+    finally:
+        omni.shutdown()
+
+    # 4) Report.
+    if args.out is not None:
+        from omni_ray.audio import write_audio
+
+        write_audio(args.out, out.audio, out.sample_rate)
+    summary = dict(out.summary(), mode=sa.pipeline.mode, code2wav_mode=sa.pipeline.code2wav_mode,
+                   modalities=list(args.modalities), speaker=speaker,
+                   prompt_tokens=len(request.prompt_token_ids), model=str(model),
+                   out=str(args.out) if args.out is not None else None)
+    print(json.dumps(summary) if args.json else _human(summary))
+    return 0
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.system is not None and args.text is None:
+        parser.error("--system needs --text (with --prompt-ids the template is already applied)")
+    if (args.audio or args.image) and args.text is None:
+        parser.error("--audio / --image need --text (the user message they belong to)")
+    for f in args.audio + args.image:
+        if not f.is_file():
+            parser.error(f"{f}: no such file")
+    for f in args.audio:
+        if f.suffix.lower() not in (".wav", ".mp3"):
+            parser.error(f"--audio {f}: the file name must end in .wav or .mp3")
+    if args.out is not None and "audio" not in args.modalities:
+        parser.error("--out needs audio output; drop --modalities text")
+    if args.out is not None and args.out.suffix.lower() not in AUDIO_SUFFIXES:
+        parser.error(f"--out {args.out}: the file name must end in {', '.join(AUDIO_SUFFIXES)}")
+
+
+def warnings_to_stderr() -> None:
+    """Library warnings (random weights, ...) as one ``WARNING: ...`` line each; transformers'
+    progress bars and config chatter off (stdout may be JSON)."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def _speaker(parser, args, sa, model: str) -> str:
+    from omni_ray.models.speakers import checkpoint_speakers, resolve_speaker
+
+    try:
+        return resolve_speaker(args.speaker or sa.default_speaker, checkpoint_speakers(model))
+    except ValueError as e:
+        parser.error(f"--speaker: {e}")
+
+
+def _request(parser, args, omni, sa, speaker: str):
+    from omni_ray.config.request import OmniRequest
+    from omni_ray.config.sampling import SamplingParams
+
+    mm = None
+    if args.audio or args.image:
+        ids, mm = omni.inputs.build(_media_messages(parser, args))
+    elif args.text is not None:
+        ids = omni.prompt_ids(args.text, system=args.system)
+    else:
+        ids = args.prompt_ids
+        vocab = omni.config.thinker_config.text_config.vocab_size
+        if max(ids) >= vocab:
+            parser.error(f"--prompt-ids: token id {max(ids)} is outside the vocabulary ({vocab})")
+    fields = dict(request_id="cli", prompt_token_ids=ids, modalities=args.modalities,
+                  speaker=speaker, max_tokens=args.max_tokens or sa.limits.default_max_tokens,
+                  max_audio_frames=args.max_audio_frames or sa.limits.default_max_audio_frames,
+                  mm=mm)
+    if args.sample:
+        fields["thinker_sampling"] = SamplingParams(**THINKER_SAMPLING, seed=args.seed)
+        fields["talker_sampling"] = SamplingParams(**TALKER_SAMPLING, seed=args.seed)
+    return OmniRequest(**fields)
+
+
+def _media_messages(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[dict]:
+    """System + user message whose content is the audio clips, the images, then the text."""
+    from omni_ray.inputs.audio import decode_audio
+    from omni_ray.inputs.errors import InputError
+    from omni_ray.inputs.image import decode_image
+
+    parts = []
+    try:
+        for f in args.audio:
+            parts.append({"type": "audio", "audio": decode_audio(
+                f.read_bytes(), f.suffix.lower()[1:], max_seconds=float("inf"))})
+        for f in args.image:
+            parts.append({"type": "image", "image": decode_image(f.read_bytes(),
+                                                                 max_pixels=1 << 28)})
+    except InputError as e:
+        parser.error(f"{f}: {e}")
+    parts.append({"type": "text", "text": args.text})
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    return system + [{"role": "user", "content": parts}]
+
+
+def _human(s: dict) -> str:
+    def secs(v):
+        return "-" if v is None else f"{v:.3f} s"
+
+    lines = [f"text: {s['text']!r}",
+             f"{len(s['text_token_ids'])} tokens ({s['finish_reason']}), {s['codec_frames']} codec "
+             f"frames, {s['audio_seconds']:.2f} s of audio at {s['sample_rate']} Hz",
+             f"first token {secs(s['time_to_first_token'])}, first audio "
+             f"{secs(s['time_to_first_audio'])}, total {secs(s['latency'])} ({s['mode']})"]
+    if s["out"]:
+        lines.append(f"wrote {s['out']}")
+    return "\n".join(lines)

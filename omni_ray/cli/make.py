@@ -1,0 +1,45 @@
+"""``omni-ray make-tiny`` / ``make-dummy``: write a random-weight checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from omni_ray.models.dummy import DEFAULT_SHAPE, SHAPES
+
+
+def add_parsers(sub) -> None:
+    tiny = sub.add_parser("make-tiny", help="write the seeded tiny Qwen3-Omni checkpoint "
+                          "(random weights)")
+    tiny.add_argument("dir", type=Path, help="output directory (created)")
+    tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    tiny.set_defaults(run=run_tiny, parser=tiny)
+
+    dummy = sub.add_parser("make-dummy", help="write a Qwen3-Omni stand-in checkpoint without "
+                           "weights (random weights when loaded)")
+    dummy.add_argument("dir", type=Path, help="output directory (created)")
+    dummy.add_argument("--shape", choices=SHAPES, default=DEFAULT_SHAPE,
+                       help=f"sizes: the released model's or CPU-sized (default {DEFAULT_SHAPE})")
+    dummy.add_argument("--seed", type=int, default=0, help="weight seed used at load (default 0)")
+    dummy.add_argument("--no-processor", action="store_true",
+                       help="no audio/image processor files (they need torchvision)")
+    dummy.set_defaults(run=run_dummy, parser=dummy)
+
+
+def run_tiny(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from omni_ray.models.tiny import make_tiny_checkpoint
+
+    print(f"making the tiny checkpoint in {args.dir} (random weights) ...", file=sys.stderr)
+    print(make_tiny_checkpoint(args.dir, seed=args.seed))
+    return 0
+
+
+def run_dummy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from omni_ray.models.dummy import make_dummy_checkpoint
+
+    print(f"writing a {args.shape} stand-in to {args.dir} (random weights at load) ...",
+          file=sys.stderr)
+    print(make_dummy_checkpoint(args.dir, shape=args.shape, seed=args.seed,
+                                processor=not args.no_processor))
+    return 0
