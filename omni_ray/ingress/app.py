@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omni_ray.config.request import OmniRequest
@@ -44,6 +44,7 @@ from omni_ray.ingress.pipeline_client import (
     StageError,
     StageUnavailable,
 )
+from omni_ray.ingress.sse_response import SSEResponse
 from omni_ray.metrics import IngressMetrics, RequestStatus, RequestTrack
 from omni_ray.payload import AudioChunk, FinishReason, TextDelta
 
@@ -160,8 +161,7 @@ class OmniIngress:
         stream = await self._open(req, fault, track, kv_fault)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self._sse(req, stream, include_usage, track),
-                                     media_type="text/event-stream")
+            return SSEResponse(self._sse(req, stream, include_usage, track))
         return JSONResponse(await self._complete(req, stream, audio_format, track))
 
     # -- browser playground (omni_ray/ingress/playground.py; open paths in Guard) ---------------
