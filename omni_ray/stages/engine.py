@@ -130,6 +130,10 @@ class StageEngine:
             **self.counters,
         )
 
+    def _admitted(self):
+        """The requests this engine holds, for the stage gauges (read from both threads)."""
+        return self._reqs
+
     # -- data plane (called by the upstream engine) ------------------------------------------
     async def push(self, buf) -> bool:
         """Accept one encoded chunk; False if the request is unknown here (finished/aborted)."""
@@ -165,7 +169,7 @@ class StageEngine:
                 # 1) Apply commands; block only when there is nothing to step.
                 block = not self.logic.has_work()
                 if block:
-                    self.metrics.on_idle(len(self._reqs))
+                    self.metrics.on_idle(self._admitted())
                 while True:
                     try:
                         kind, arg, fut = self._cmds.get(block=block, timeout=None)
@@ -178,7 +182,7 @@ class StageEngine:
                 if self.logic.has_work():
                     emits = self.logic.step()
                     self.counters["steps"] += 1
-                    self.metrics.on_step(self.logic.last_batch_size, len(self._reqs))
+                    self.metrics.on_step(self.logic.last_batch_size, self._admitted())
                     self._dispatch(emits)
         except BaseException as e:  # the loop itself broke: fail everything, loudly
             self._dead = e
@@ -239,6 +243,7 @@ class StageEngine:
         st = self._reqs.pop(request_id, None)
         if st is None:
             return
+        self.metrics.on_requests(self._admitted())
         if not st.finished:
             st.aborted = True
             st.finished = True

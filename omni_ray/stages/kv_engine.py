@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.serving import KVTimeouts
 from omni_ray.kv_lifecycle import KVLoadError, KVState, KVTransferError
+from omni_ray.metrics import EngineMetrics
 from omni_ray.payload import KVChunk
 from omni_ray.stages.engine import StageEngine, _ReqState
 from omni_ray.stages.kv_logic import DecodeThinkerLogic, PrefillLogic
@@ -49,6 +50,7 @@ class PrefillEngine(_LoopPoster, StageEngine):
     def __init__(self, stage: str, model_dir: str, stage_cfg, pipeline, max_model_len: int = 8192):
         super().__init__("thinker", model_dir, stage_cfg, pipeline, max_model_len)
         self.stage = stage
+        self.metrics = EngineMetrics(stage)  # its own series, not the decode thinker's
         self.logic = PrefillLogic(self.logic.runner)
         self._active: set[str] = set()
         self._owned: set[str] = set()  # hex ids of KV objects this process put (owner side)
@@ -63,6 +65,7 @@ class PrefillEngine(_LoopPoster, StageEngine):
         if rid in self._active:
             raise ValueError(f"duplicate request_id {rid!r}")
         self._active.add(rid)
+        self.metrics.on_requests(self._active)
         n = len(request.prompt_token_ids)
         released = False
         try:
@@ -70,6 +73,7 @@ class PrefillEngine(_LoopPoster, StageEngine):
             t0 = time.perf_counter()
             first = await self._call(lambda: self.logic.prefill(request))
             self.counters["prefills"] += 1
+            self.metrics.on_step(1, self._active)  # a prefill is a step of one request
             yield KVProgress(rid, KVState.HELD, first, n, time.perf_counter() - t0)
             if fault == "prefill_dies":
                 await asyncio.sleep(_STUCK_S)  # the replica kills this actor meanwhile
@@ -89,8 +93,12 @@ class PrefillEngine(_LoopPoster, StageEngine):
             raise
         finally:
             self._active.discard(rid)
+            self.metrics.on_requests(self._active)
             if not released:  # queued behind any extraction still running: never mid-save
                 self._post(lambda: self.logic.release(rid))
+
+    def _admitted(self):
+        return self._active
 
     async def stats(self) -> dict:
         s = await super().stats()
@@ -137,6 +145,7 @@ class DecodeEngine(_LoopPoster, StageEngine):
                  timeouts: KVTimeouts | None = None):
         super().__init__("thinker", model_dir, stage_cfg, pipeline, max_model_len)
         self.stage = stage
+        self.metrics = EngineMetrics(stage)
         self.logic = DecodeThinkerLogic(self.logic.runner, pipeline)
         self.timeouts = timeouts or KVTimeouts()
         self._kv: dict[str, _KVSlot] = {}
