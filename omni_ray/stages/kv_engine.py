@@ -32,17 +32,7 @@ from omni_ray.transport.ray_push import ChunkSender
 _STUCK_S = 60.0  # fault injection: how long a "dying" sender stalls before giving up by itself
 
 
-class _LoopPoster:
-    """Mixin: queue a call on the loop thread without waiting for it (for cleanup paths that
-    must run even when the awaiting coroutine is being cancelled)."""
-
-    def _post(self, fn) -> None:
-        fut = self._loop.create_future()
-        fut.add_done_callback(_retrieve)
-        self._cmds.put(("call", fn, fut))
-
-
-class PrefillEngine(_LoopPoster, StageEngine):
+class PrefillEngine(StageEngine):
     """The KV sender: ``prefill(request)`` streams ``KVProgress`` HELD, then EXTRACTED."""
 
     kv_transfer = True
@@ -130,7 +120,7 @@ class _KVSlot:
     timer: asyncio.TimerHandle | None = None
 
 
-class DecodeEngine(_LoopPoster, StageEngine):
+class DecodeEngine(StageEngine):
     """The KV receiver: a thinker engine whose requests may start from a transferred KV.
 
     ``add_request(request, downstream, expect_kv=True)`` registers the request without running
@@ -158,14 +148,17 @@ class DecodeEngine(_LoopPoster, StageEngine):
             return await super().add_request(request, downstream)
         self._ensure_thread()
         rid = request.request_id
-        if rid in self._reqs:
-            raise ValueError(f"duplicate request_id {rid!r}")
-        sender = (ChunkSender(downstream, self.pipeline.max_chunks_in_flight)
-                  if downstream is not None else None)
-        self._reqs[rid] = _ReqState(rid, asyncio.Queue(), sender)
+        self._check_new(rid)
+        sender = None
+        if downstream is not None:  # as StageEngine.add_request's: metrics and push errors
+            sender = ChunkSender(downstream, self.pipeline.max_chunks_in_flight,
+                                 on_ack=self.metrics.on_chunk_acked,
+                                 on_error=lambda e: self._on_push_error(rid, e))
+        st = self._reqs[rid] = _ReqState(rid, asyncio.Queue(), sender)
         slot = self._kv[rid] = _KVSlot(request, downstream is not None)
         wait_s = self.timeouts.transfer_s + self.timeouts.load_s
         slot.timer = self._loop.call_later(wait_s, self._expire, rid, slot)
+        self._expect_stream(rid, st)
 
     async def fetch_kv(self, request_id: str, handle, fault: str | None = None) -> dict:
         """Fetch the request's KV into a staged local copy (TRANSFERRED); raises
@@ -253,8 +246,3 @@ class DecodeEngine(_LoopPoster, StageEngine):
             if st.sender is not None:
                 st.sender.cancel()
             st.out.put_nowait(StageRequestError(f"{self.stage}: {msg}"))
-
-
-def _retrieve(fut: asyncio.Future) -> None:
-    if not fut.cancelled():
-        fut.exception()  # mark retrieved: cleanup calls report nothing to anyone
