@@ -17,6 +17,12 @@ from omni_ray.audio_formats import AUDIO_SUFFIXES, SOUNDFILE_FORMATS
 DEFAULT_SAMPLE_RATE = 24000  # Hz: Qwen3-Omni's code2wav output
 
 
+def to_float32(samples) -> np.ndarray:
+    """A mono waveform (torch or numpy) as a 1-D float32 numpy array: what crosses to callers
+    that may not have torch (DeploymentHandle events)."""
+    return np.ascontiguousarray(_mono_float32(samples))
+
+
 def _mono_float32(samples) -> np.ndarray:
     """A 1-D float32 numpy copy of a mono waveform (torch or numpy, singleton dims allowed)."""
     if hasattr(samples, "detach"):  # torch.Tensor, without importing torch here

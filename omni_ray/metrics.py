@@ -8,16 +8,19 @@ actors are not Serve replicas and record through ``ray.util.metrics`` with a ``s
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Sized
 from enum import Enum
 
 LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 CHUNK_LATENCY_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
-# The edge a stage's chunks travel on (the stage sends, the next one accepts); other engines
-# (e.g. a disaggregated thinker's) are tagged "<stage>->next".
-EDGES = {"thinker": "thinker->talker", "talker": "talker->code2wav"}
+# The edge a stage's chunks travel on (the stage sends, the next one accepts); the thinker's
+# decode half sends on the thinker's edge; other engines (the prefill) are "<stage>->next".
+EDGES = {"thinker": "thinker->talker", "thinker_decode": "thinker->talker",
+         "talker": "talker->code2wav"}
 
 
 class RequestStatus(str, Enum):
@@ -113,6 +116,7 @@ class EngineMetrics:
         for m in (self.queue_depth, self.running, self.batch):
             m.set_default_tags(tags)
         self.edge = EDGES.get(stage, f"{stage}->next")
+        self._lock = threading.Lock()
         self._last = (-1, -1)
         self.chunk_latency = Histogram(
             "omni_ray_chunk_latency_seconds",
@@ -126,18 +130,32 @@ class EngineMetrics:
         for m in (self.chunk_latency, self.chunk_bytes, self.chunks):
             m.set_default_tags({"edge": self.edge})
 
-    def on_step(self, batch: int, requests: int) -> None:
-        """After a step that advanced ``batch`` requests of the ``requests`` admitted."""
+    def on_step(self, batch: int, table: Sized) -> None:
+        """After a step that advanced ``batch`` of the requests in ``table`` (the engine's
+        request table; read under the lock, see ``on_requests``)."""
         self.batch.observe(batch)
-        self._gauges(batch, requests)
+        self._gauges(batch, table)
 
-    def on_idle(self, requests: int) -> None:
+    def on_idle(self, table: Sized) -> None:
         """The loop is about to wait: nothing runs, every admitted request waits."""
-        self._gauges(0, requests)
+        self._gauges(0, table)
 
-    def _gauges(self, running: int, requests: int) -> None:
-        now = (running, max(requests - running, 0))
-        if now != self._last:  # gauges only on change: the loop steps every few milliseconds
+    def on_requests(self, table: Sized) -> None:
+        """The request table changed (a request ended or was dropped, on the actor's loop).
+        The step loop goes idle before the table loses a finished request, so without this a
+        stage with no request kept reading the depth of its last step."""
+        self._gauges(None, table)
+
+    def _gauges(self, running: int | None, table: Sized) -> None:
+        # The step loop's thread and the actor's asyncio loop both get here; the table's size
+        # is read under the lock, so the last writer always saw the newest table.
+        with self._lock:
+            requests = len(table)
+            if running is None:  # keep the latest step's count, bounded by the table
+                running = min(max(self._last[0], 0), requests)
+            now = (running, max(requests - running, 0))
+            if now == self._last:  # gauges only on change: the loop steps every few ms
+                return
             self._last = now
             self.running.set(now[0])
             self.queue_depth.set(now[1])

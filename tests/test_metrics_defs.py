@@ -48,12 +48,35 @@ def test_track_abort_and_ok():
     assert [c[2]["status"] for c in m.requests.calls] == ["aborted", "ok"] and not m.errors.calls
 
 
-def test_engine_gauges_only_on_change():
+def _engine_metrics() -> EngineMetrics:
+    import threading
+
     em = EngineMetrics.__new__(EngineMetrics)  # instruments replaced by fakes: no Ray needed
     em.batch, em.running, em.queue_depth, em._last = Fake(), Fake(), Fake(), (-1, -1)
-    em.on_step(3, 5)
-    em.on_step(3, 5)
-    em.on_idle(2)
+    em._lock = threading.Lock()
+    return em
+
+
+def test_engine_gauges_only_on_change():
+    em = _engine_metrics()
+    em.on_step(3, range(5))
+    em.on_step(3, range(5))
+    em.on_idle(range(2))
     assert len(em.batch.calls) == 2
     assert [c[1] for c in em.running.calls] == [3, 0]
     assert [c[1] for c in em.queue_depth.calls] == [2, 2]
+
+
+def test_engine_gauges_follow_the_table_after_idle():
+    """The loop goes idle while the finished request is still in the table; dropping it later
+    must bring the waiting count to 0 (it stayed at its last value before)."""
+    em = _engine_metrics()
+    table = {"a": 1, "b": 2}
+    em.on_step(2, table)
+    em.on_idle(table)           # both finished, not yet removed: 2 "waiting"
+    del table["a"]
+    em.on_requests(table)
+    del table["b"]
+    em.on_requests(table)
+    assert em.running.calls[-1][1] == 0 and em.queue_depth.calls[-1][1] == 0
+    assert [c[1] for c in em.queue_depth.calls] == [0, 2, 1, 0]

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omni_ray.config.request import OmniRequest
@@ -46,6 +46,7 @@ from omni_ray.ingress.pipeline_client import (
     StageError,
     StageUnavailable,
 )
+from omni_ray.ingress.sse_response import SSEResponse
 from omni_ray.metrics import IngressMetrics, RequestStatus, RequestTrack
 from omni_ray.payload import AudioChunk, FinishReason, TextDelta
 
@@ -173,8 +174,7 @@ class OmniIngress:
         stream = await self._open(req, fault, track, kv_fault)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self._sse(req, stream, include_usage, track),
-                                     media_type="text/event-stream")
+            return SSEResponse(self._sse(req, stream, include_usage, track))
         return JSONResponse(await self._complete(req, stream, audio_format, track))
 
     # -- browser playground (omni_ray/ingress/playground.py; open paths in Guard) ---------------
@@ -198,11 +198,16 @@ class OmniIngress:
 
     # -- Python API (DeploymentHandle) -----------------------------------------------------------
     async def generate(self, body: dict) -> AsyncIterator[dict]:
-        """Stream ``{"type": "text"|"audio"|"done", ...}`` events for an OpenAI-style body.
+        """Stream events (plain dicts) for an OpenAI-style body; every value is a Python
+        builtin or a numpy array, so a caller needs neither torch nor omni_ray's payload types:
 
-        ``audio`` events carry ``pcm16`` bytes (24 kHz mono) and ``start_sample``; ``done`` carries
-        ``finish_reason`` and ``usage``. Invalid bodies raise ``ValueError``; a full or missing
-        stage raises ``StageUnavailable``, a failed one ``StageError``.
+        * ``{"type": "text", "delta": str}``
+        * ``{"type": "audio", "seq": int, "start_sample": int, "num_samples": int,
+          "pcm16": bytes (little-endian int16, 24 kHz mono), "samples": numpy float32 [n]}``
+        * ``{"type": "done", "finish_reason": "stop"|"length", "usage": {...}, "text": str}``
+
+        Invalid bodies raise ``ValueError``; a full or missing stage raises
+        ``StageUnavailable``, a failed one ``StageError``.
         """
         track = self.metrics.track(body.get("modalities") if isinstance(body, dict) else None)
         try:
@@ -405,13 +410,15 @@ class OmniIngress:
                     if item.finished:
                         reason = item.finish_reason
                 elif isinstance(item, AudioChunk):
-                    from omni_ray.audio import to_pcm16
+                    from omni_ray.audio import to_float32, to_pcm16
 
-                    if item.samples.numel():
+                    samples = to_float32(item.samples)  # plain numpy: see generate()
+                    if samples.size:
                         track.on_audio()
-                    yield {"type": "audio", "seq": item.seq, "start_sample": item.start_sample,
-                           "num_samples": int(item.samples.numel()),
-                           "pcm16": to_pcm16(item.samples), "samples": item.samples}
+                    yield {"type": "audio", "seq": int(item.seq),
+                           "start_sample": int(item.start_sample),
+                           "num_samples": int(samples.size), "pcm16": to_pcm16(samples),
+                           "samples": samples}
         except StageError as e:
             track.finish(RequestStatus.ERROR, e.stage)
             raise
@@ -445,7 +452,7 @@ class OmniIngress:
 
     async def _complete(self, req: OmniRequest, stream: PipelineStream, audio_format: str,
                         track: RequestTrack) -> dict:
-        import torch
+        import numpy as np
 
         from omni_ray.audio import to_pcm16, wav_bytes
 
@@ -462,7 +469,7 @@ class OmniIngress:
             raise APIError(500, f"request {req.request_id} failed: {e}", type="server_error") from e
         message: dict = {"role": "assistant", "content": text if "text" in req.modalities else None}
         if req.wants_audio:
-            samples = torch.cat(pieces) if pieces else torch.empty(0)
+            samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
             data = wav_bytes(samples) if audio_format == "wav" else to_pcm16(samples)
             message["audio"] = {"id": f"audio_{req.request_id[9:]}",
                                 "data": base64.b64encode(data).decode(),

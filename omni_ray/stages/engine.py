@@ -23,9 +23,11 @@ from omni_ray.config.request import WARMUP_ID_PREFIX, OmniRequest
 from omni_ray.metrics import EngineMetrics
 from omni_ray.payload import decode_chunk, encode_chunk
 from omni_ray.stages.logic import Emit, StageRequestError, build_stage_logic
+from omni_ray.stages.tombstones import Tombstones
 from omni_ray.transport.ray_push import ChunkSender, Reorderer
 
 _END = object()
+UNCLAIMED_S = 5.0  # an added request that no stream() claims in this long is aborted
 _NEXT_STAGE = {"thinker": "talker", "talker": "code2wav"}
 
 
@@ -38,6 +40,7 @@ class _ReqState:
     finished: bool = False
     aborted: bool = False
     abort_started: bool = False  # abort() ran once: the stream's end and the replica's cancel
+    claimed: bool = False  # a stream() reads it (else it is reaped after UNCLAIMED_S)
     t_added: float = field(default_factory=time.monotonic)
 
 
@@ -53,12 +56,13 @@ class StageEngine:
                                        kv_transfer=self.kv_transfer)
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._reqs: dict[str, _ReqState] = {}
+        self._aborted = Tombstones()  # aborts that came before their request
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
         self._loop_died = asyncio.Event()  # set (on the actor's loop) when _dead is
         self.counters = dict(steps=0, chunks_in=0, bytes_in=0, chunks_out=0, aborts=0, errors=0,
-                             warmups=0)
+                             warmups=0, unclaimed=0)
         self.metrics = EngineMetrics(stage)
 
     # -- control plane (called by the Serve replica) ----------------------------------------
@@ -76,27 +80,58 @@ class StageEngine:
         """Register a request; raises ValueError for invalid input (the caller maps it to 4xx)."""
         self._ensure_thread()
         rid = request.request_id
-        if rid in self._reqs:
-            raise ValueError(f"duplicate request_id {rid!r}")
+        self._check_new(rid)
         sender = None
         if downstream is not None:
             sender = ChunkSender(downstream, self.pipeline.max_chunks_in_flight,
                                  on_ack=self.metrics.on_chunk_acked,
                                  on_error=lambda e: self._on_push_error(rid, e))
-        self._reqs[rid] = _ReqState(rid, asyncio.Queue(), sender)
+        st = self._reqs[rid] = _ReqState(rid, asyncio.Queue(), sender)
         if rid.startswith(WARMUP_ID_PREFIX):
             self.counters["warmups"] += 1
         try:
             await self._call(lambda: self.logic.add(request, downstream is not None))
         except BaseException:
+            # Also when this call is cancelled (Serve cancels the replica's call and Ray its
+            # child tasks, this one included): the add is queued on the loop thread and runs
+            # anyway, so the runner's abort is queued behind it.
             self._drop(rid)
+            self._post(lambda: self.logic.abort(rid))
             raise
+        self._expect_stream(rid, st)
+
+    def _expect_stream(self, rid: str, st: _ReqState) -> None:
+        """Abort the request if no ``stream()`` claims it within ``UNCLAIMED_S``. The replica
+        calls ``stream`` right after ``add_request``; when its call is cancelled in between,
+        its own abort can be cancelled with it (a child task of the cancelled call)."""
+        def reap() -> None:
+            if self._reqs.get(rid) is st and not st.claimed:
+                self.counters["unclaimed"] += 1
+                self._loop.create_task(self.abort(rid))  # drops at once; subclasses' too
+
+        self._loop.call_later(UNCLAIMED_S, reap)
+
+    def _post(self, fn) -> None:
+        """Queue ``fn`` on the loop thread without waiting (cleanup that must run even when
+        the awaiting coroutine is cancelled)."""
+        fut = self._loop.create_future()
+        fut.add_done_callback(_retrieve)
+        self._cmds.put(("call", fn, fut))
+
+    def _check_new(self, rid: str) -> None:
+        """Refuse a duplicate id, and a request whose abort arrived before it (tombstones.py)."""
+        if rid in self._reqs:
+            raise ValueError(f"duplicate request_id {rid!r}")
+        if self._aborted.take(rid):
+            raise StageRequestError(f"{self.stage}: request {rid!r} was aborted before it "
+                                    "was added")
 
     async def stream(self, request_id: str):
         """Async generator of this request's encoded output items (see module docstring)."""
         st = self._reqs.get(request_id)
         if st is None:
             raise KeyError(f"unknown request {request_id!r}")
+        st.claimed = True
         try:
             while True:
                 item = await st.out.get()
@@ -113,15 +148,22 @@ class StageEngine:
             self._drop(request_id)
 
     async def abort(self, request_id: str) -> bool:
+        """End a request here; True if it was known. An abort of an unknown id is remembered,
+        so that its ``add_request``, if still on its way, is refused."""
         st = self._reqs.get(request_id)
-        if st is None or st.abort_started:
+        if st is None:
+            self._aborted.add(request_id)
+            return False
+        if st.abort_started:
             return False
         # On a disconnect both the stream's end and the replica's cancel call this, the second
         # while the first awaits the step thread: one request, one abort counted.
         st.abort_started = True
         self.counters["aborts"] += 1
-        await self._call(lambda: self.logic.abort(request_id))
+        # Drop first and queue the runner's abort before awaiting it: an abort whose caller is
+        # cancelled meanwhile (stream()'s cleanup) still leaves nothing behind.
         self._drop(request_id)
+        await self._call(lambda: self.logic.abort(request_id))
         return True
 
     async def fail_next_step(self, request_id: str) -> None:
@@ -143,6 +185,10 @@ class StageEngine:
             held_chunks=sum(s.reorder.held for s in self._reqs.values()),
             **self.counters,
         )
+
+    def _admitted(self):
+        """The requests this engine holds, for the stage gauges (read from both threads)."""
+        return self._reqs
 
     # -- data plane (called by the upstream engine) ------------------------------------------
     async def push(self, buf) -> bool:
@@ -179,7 +225,7 @@ class StageEngine:
                 # 1) Apply commands; block only when there is nothing to step.
                 block = not self.logic.has_work()
                 if block:
-                    self.metrics.on_idle(len(self._reqs))
+                    self.metrics.on_idle(self._admitted())
                 while True:
                     try:
                         kind, arg, fut = self._cmds.get(block=block, timeout=None)
@@ -192,7 +238,7 @@ class StageEngine:
                 if self.logic.has_work():
                     emits = self.logic.step()
                     self.counters["steps"] += 1
-                    self.metrics.on_step(self.logic.last_batch_size, len(self._reqs))
+                    self.metrics.on_step(self.logic.last_batch_size, self._admitted())
                     self._dispatch(emits)
         except BaseException as e:  # the loop itself broke: fail everything, loudly
             self._dead = e
@@ -253,6 +299,7 @@ class StageEngine:
         st = self._reqs.pop(request_id, None)
         if st is None:
             return
+        self.metrics.on_requests(self._admitted())
         if not st.finished:
             st.aborted = True
             st.finished = True
@@ -271,6 +318,11 @@ def _brief(exc: BaseException) -> str:
     """Type and first line of an error (Ray's actor errors run to many lines)."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()  # mark retrieved: cleanup calls report nothing to anyone
 
 
 def _set_result(fut, value) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.serving import KVTimeouts
 from omni_ray.kv_lifecycle import KVLoadError, KVState, KVTransferError
+from omni_ray.metrics import EngineMetrics
 from omni_ray.payload import KVChunk
 from omni_ray.stages.engine import StageEngine, _ReqState
 from omni_ray.stages.kv_logic import DecodeThinkerLogic, PrefillLogic
@@ -31,17 +32,7 @@ from omni_ray.transport.ray_push import ChunkSender
 _STUCK_S = 60.0  # fault injection: how long a "dying" sender stalls before giving up by itself
 
 
-class _LoopPoster:
-    """Mixin: queue a call on the loop thread without waiting for it (for cleanup paths that
-    must run even when the awaiting coroutine is being cancelled)."""
-
-    def _post(self, fn) -> None:
-        fut = self._loop.create_future()
-        fut.add_done_callback(_retrieve)
-        self._cmds.put(("call", fn, fut))
-
-
-class PrefillEngine(_LoopPoster, StageEngine):
+class PrefillEngine(StageEngine):
     """The KV sender: ``prefill(request)`` streams ``KVProgress`` HELD, then EXTRACTED."""
 
     kv_transfer = True
@@ -49,6 +40,7 @@ class PrefillEngine(_LoopPoster, StageEngine):
     def __init__(self, stage: str, model_dir: str, stage_cfg, pipeline, max_model_len: int = 8192):
         super().__init__("thinker", model_dir, stage_cfg, pipeline, max_model_len)
         self.stage = stage
+        self.metrics = EngineMetrics(stage)  # its own series, not the decode thinker's
         self.logic = PrefillLogic(self.logic.runner)
         self._active: set[str] = set()
         self._owned: set[str] = set()  # hex ids of KV objects this process put (owner side)
@@ -63,6 +55,7 @@ class PrefillEngine(_LoopPoster, StageEngine):
         if rid in self._active:
             raise ValueError(f"duplicate request_id {rid!r}")
         self._active.add(rid)
+        self.metrics.on_requests(self._active)
         n = len(request.prompt_token_ids)
         released = False
         try:
@@ -70,6 +63,7 @@ class PrefillEngine(_LoopPoster, StageEngine):
             t0 = time.perf_counter()
             first = await self._call(lambda: self.logic.prefill(request))
             self.counters["prefills"] += 1
+            self.metrics.on_step(1, self._active)  # a prefill is a step of one request
             yield KVProgress(rid, KVState.HELD, first, n, time.perf_counter() - t0)
             if fault == "prefill_dies":
                 await asyncio.sleep(_STUCK_S)  # the replica kills this actor meanwhile
@@ -89,8 +83,12 @@ class PrefillEngine(_LoopPoster, StageEngine):
             raise
         finally:
             self._active.discard(rid)
+            self.metrics.on_requests(self._active)
             if not released:  # queued behind any extraction still running: never mid-save
                 self._post(lambda: self.logic.release(rid))
+
+    def _admitted(self):
+        return self._active
 
     async def stats(self) -> dict:
         s = await super().stats()
@@ -122,7 +120,7 @@ class _KVSlot:
     timer: asyncio.TimerHandle | None = None
 
 
-class DecodeEngine(_LoopPoster, StageEngine):
+class DecodeEngine(StageEngine):
     """The KV receiver: a thinker engine whose requests may start from a transferred KV.
 
     ``add_request(request, downstream, expect_kv=True)`` registers the request without running
@@ -137,6 +135,7 @@ class DecodeEngine(_LoopPoster, StageEngine):
                  timeouts: KVTimeouts | None = None):
         super().__init__("thinker", model_dir, stage_cfg, pipeline, max_model_len)
         self.stage = stage
+        self.metrics = EngineMetrics(stage)
         self.logic = DecodeThinkerLogic(self.logic.runner, pipeline)
         self.timeouts = timeouts or KVTimeouts()
         self._kv: dict[str, _KVSlot] = {}
@@ -149,14 +148,17 @@ class DecodeEngine(_LoopPoster, StageEngine):
             return await super().add_request(request, downstream)
         self._ensure_thread()
         rid = request.request_id
-        if rid in self._reqs:
-            raise ValueError(f"duplicate request_id {rid!r}")
-        sender = (ChunkSender(downstream, self.pipeline.max_chunks_in_flight)
-                  if downstream is not None else None)
-        self._reqs[rid] = _ReqState(rid, asyncio.Queue(), sender)
+        self._check_new(rid)
+        sender = None
+        if downstream is not None:  # as StageEngine.add_request's: metrics and push errors
+            sender = ChunkSender(downstream, self.pipeline.max_chunks_in_flight,
+                                 on_ack=self.metrics.on_chunk_acked,
+                                 on_error=lambda e: self._on_push_error(rid, e))
+        st = self._reqs[rid] = _ReqState(rid, asyncio.Queue(), sender)
         slot = self._kv[rid] = _KVSlot(request, downstream is not None)
         wait_s = self.timeouts.transfer_s + self.timeouts.load_s
         slot.timer = self._loop.call_later(wait_s, self._expire, rid, slot)
+        self._expect_stream(rid, st)
 
     async def fetch_kv(self, request_id: str, handle, fault: str | None = None) -> dict:
         """Fetch the request's KV into a staged local copy (TRANSFERRED); raises
@@ -244,8 +246,3 @@ class DecodeEngine(_LoopPoster, StageEngine):
             if st.sender is not None:
                 st.sender.cancel()
             st.out.put_nowait(StageRequestError(f"{self.stage}: {msg}"))
-
-
-def _retrieve(fut: asyncio.Future) -> None:
-    if not fut.cancelled():
-        fut.exception()  # mark retrieved: cleanup calls report nothing to anyone

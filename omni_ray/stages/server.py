@@ -81,8 +81,11 @@ class StageServer:
         try:
             await engine.add_request.remote(request, downstream, **add_kwargs)
             opened = True
-            yield engine
+            # Claim the request's stream before yielding: the caller pulls the next item only
+            # once every stage is open, which can take seconds, and the engine aborts requests
+            # whose stream is not claimed in time (engine.UNCLAIMED_S).
             gen = engine.stream.options(num_returns="streaming").remote(rid)
+            yield engine
             async for ref in gen:
                 yield await ref
         except (asyncio.CancelledError, GeneratorExit):

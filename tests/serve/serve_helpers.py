@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
+import random
+import socket
+import struct
 import threading
 import time
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -177,3 +181,42 @@ def run_alone(url: str, payload: dict) -> SSEClient:
     c.run()
     assert c.status == 200 and c.exception is None and c.error is None, (c.status, c.error_body)
     return c
+
+
+def raw_disconnect(url: str, payload: dict, after_s: float, reset: bool) -> None:
+    """POST ``payload`` on a raw socket and close it ``after_s`` later (RST if ``reset``)."""
+    u = urlsplit(url)
+    data = json.dumps(payload).encode()
+    head = (f"POST {u.path}/v1/chat/completions HTTP/1.1\r\nHost: {u.hostname}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode()
+    s = socket.create_connection((u.hostname, u.port), timeout=10)
+    try:
+        if reset:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.sendall(head + data)
+        time.sleep(after_s)
+    finally:
+        s.close()
+
+
+def disconnect_storm(url: str, make_body, rounds: int, per_round: int, seed: int = 10,
+                     max_after_s: float = 0.5) -> int:
+    """``rounds`` rounds of ``per_round`` raw-socket clients leaving after a random 0 to
+    ``max_after_s`` seconds (some with a reset), plus 2 httpx streams a round closed after a
+    random number of events. ``make_body(rng, label)`` makes each body. Returns the count."""
+    rng = random.Random(seed)
+    for r in range(rounds):
+        workers: list[threading.Thread] = [
+            threading.Thread(target=raw_disconnect, daemon=True,
+                             args=(url, make_body(rng, f"{r}.{i}"), rng.uniform(0, max_after_s),
+                                   rng.random() < 0.3))
+            for i in range(per_round)]
+        clients = [SSEClient(url, make_body(rng, f"{r}.c{i}"), abort_after=rng.randint(1, 12))
+                   for i in range(2)]
+        for t in workers + clients:
+            t.start()
+        for t in workers + clients:
+            t.join(60)
+        errors = [c.exception for c in clients if c.exception is not None]
+        assert not errors, errors
+    return rounds * (per_round + 2)

@@ -75,16 +75,7 @@ def check_response(case, resp) -> None:
         assert resp.text.rstrip().endswith("data: [DONE]"), where
 
 
-def truncated(resp) -> bool:
-    """A 200 event stream that stops before ``[DONE]`` without an error event."""
-    if resp.status_code != 200 or not header(resp, "content-type").startswith("text/event-stream"):
-        return False
-    text = resp.text.rstrip()
-    return not text.endswith("data: [DONE]") and '"error"' not in text
-
-
 def test_fuzz_openapi_no_5xx_and_openai_errors(serve_urls):
-    import httpx
     import hypothesis.strategies as st
     import requests
     import schemathesis
@@ -112,14 +103,6 @@ def test_fuzz_openapi_no_5xx_and_openai_errors(serve_urls):
         @given(case=strategy)
         def run(case):
             resp = case.call(base_url=url, session=session, timeout=60)
-            if truncated(resp):
-                # Seen in some full-suite runs: the stream as schemathesis returned it stops
-                # mid-answer, with no error event, while the same body sent again streams to
-                # [DONE] (tried by hand; the cut was not found). The same case goes again
-                # through plain httpx: a truncation by the server would show there too.
-                counts["truncated, sent again"] = counts.get("truncated, sent again", 0) + 1
-                resp = httpx.post(f"{url}{case.path}", content=json.dumps(case.body),
-                                  headers={"content-type": "application/json"}, timeout=60)
             counts[f"{label} {resp.status_code}"] = counts.get(f"{label} {resp.status_code}", 0) + 1
             check_response(case, resp)
 

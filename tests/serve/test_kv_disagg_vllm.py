@@ -57,8 +57,12 @@ def test_vllm_to_vllm_hand_off_gives_the_same_answer(vllm_kv_url, reference, mod
     before = kv_counts(vllm_kv_url)
     same_answer(ask(vllm_kv_url, modalities, stream), reference[(modalities, stream)])
     after = kv_counts(vllm_kv_url)
-    assert after["kv_released"] == before["kv_released"] + 1  # it went through a hand-off
-    assert after["kv_fallbacks"] == before["kv_fallbacks"]
+    # Fallbacks first: a hand-off that failed (e.g. a step past its bound on a loaded machine)
+    # still gives the right answer, and kv_released alone cannot say why it did not move.
+    assert after["kv_fallbacks"] == before["kv_fallbacks"], (
+        "the hand-off fell back to a local prefill; the ingress log says at which state: "
+        f"{before} -> {after}")
+    assert after["kv_released"] == before["kv_released"] + 1, (before, after)
     assert wait_clean(vllm_kv_url) == {}
 
 

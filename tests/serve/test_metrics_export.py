@@ -72,3 +72,46 @@ def test_metrics_on_ray_export_endpoint(serve_urls):
     except AssertionError:
         raise AssertionError(f"missing after 60s: {missing}") from None
     print(f"\nmetrics exported within {time.monotonic() - t0:.1f}s")
+
+
+STAGE_GAUGE = re.compile(r'^ray_omni_ray_stage_(queue_depth|running_requests)\{([^}]*)\} (\S+)$',
+                         re.M)
+
+
+def stage_gauges(text: str) -> dict[str, float]:
+    """{"queue_depth thinker WorkerId=...": value} of every stage gauge series."""
+    out = {}
+    for name, tags, value in STAGE_GAUGE.findall(text):
+        stage = re.search(r'stage="([^"]*)"', tags).group(1)
+        worker = re.search(r'WorkerId="([^"]*)"', tags)
+        out[f"{name} {stage} {worker.group(1)[:8] if worker else tags[:60]}"] = float(value)
+    return out
+
+
+def test_stage_gauges_read_zero_at_idle(serve_urls):
+    """After a burst the stage gauges fall back to 0 (they kept their last non-zero value: the
+    loop went idle before the finished requests left the engine's table)."""
+    from serve_helpers import wait_clean
+
+    url = serve_urls["async_chunk"]
+    burst = [SSEClient(url, body(f"Burst {i}", max_tokens=6 + i % 4, frames=12 + i))
+             for i in range(10)]
+    for c in burst:
+        c.start()
+    for c in burst:
+        c.join(120)
+    assert all(c.status == 200 and c.error is None for c in burst)
+    assert wait_clean(url, 10) == {}
+    seen: dict[str, float] = {}
+
+    def all_zero():
+        nonlocal seen
+        seen = stage_gauges(metrics_text())
+        stages = {k.split()[1] for k in seen if k.startswith("queue_depth")}
+        return {"thinker", "talker", "code2wav"} <= stages and not any(seen.values())
+
+    try:
+        poll(all_zero, 30, "every stage gauge at 0", interval_s=1.0)
+    except AssertionError:
+        raise AssertionError(f"stage gauges at idle: "
+                             f"{ {k: v for k, v in seen.items() if v} or seen}") from None
