@@ -40,6 +40,7 @@ from omni_ray.ingress.errors import (
 from omni_ray.ingress.guard import Guard, GuardMiddleware, resolve_api_keys
 from omni_ray.ingress.input_limits import check_request_cost
 from omni_ray.ingress.warmup import WarmUp
+from omni_ray.models.speakers import checkpoint_speakers, resolve_speaker
 from omni_ray.ingress.pipeline_client import (
     PipelineClient,
     PipelineStream,
@@ -76,18 +77,15 @@ class OmniIngress:
                  thinker_prefill=None):
         """``thinker_prefill``: the ThinkerPrefill deployment when the thinker is disaggregated
         (``thinker`` is then ThinkerDecode; see ingress/kv_client.py)."""
-        from omni_ray.models.loading import load_omni_config
-        from omni_ray.models.tokenizer import load_tokenizer
-
         from omni_ray.models.dummy import dummy_info
+        from omni_ray.models.tokenizer import load_tokenizer
 
         self.args = OmniServingArgs.model_validate(args)
         model_dir = self.args.checkpoint_dir()
         self.dummy = dummy_info(model_dir)  # the stand-in's marker (random weights), or None
         self.tokenizer = load_tokenizer(model_dir)
         self.inputs = InputProcessor(model_dir, self.tokenizer)
-        cfg = load_omni_config(model_dir)
-        self.speakers = sorted(k.lower() for k in cfg.talker_config.speaker_id)
+        self.speakers = checkpoint_speakers(model_dir)
         self.client = PipelineClient(thinker, talker, code2wav)
         self.stage_handles = dict(thinker=thinker, talker=talker, code2wav=code2wav)
         if self.args.disaggregated:
@@ -241,12 +239,15 @@ class OmniIngress:
         modalities = tuple(body.modalities or ["text"])
         if len(set(modalities)) != len(modalities):
             raise bad_request("modalities: duplicate entries", "modalities")
-        speaker, audio_format = self.args.default_speaker, "wav"
+        voice, audio_format = self.args.default_speaker, "wav"
         if body.audio is not None:
-            speaker, audio_format = body.audio.voice.lower(), body.audio.format
-        if "audio" in modalities and speaker not in self.speakers:
-            raise bad_request(f"audio.voice: unknown voice {speaker!r}; available: {self.speakers}",
-                              "audio.voice")
+            voice, audio_format = body.audio.voice, body.audio.format
+        try:
+            speaker = resolve_speaker(voice, self.speakers)  # as the CLI: any case
+        except ValueError as e:
+            if "audio" in modalities:
+                raise bad_request(f"audio.voice: {e}", "audio.voice") from None
+            speaker = resolve_speaker(self.args.default_speaker, self.speakers)  # text only
         messages = [await self._message(i, m) for i, m in enumerate(body.messages)]
         if not any(m["role"] == "user" for m in messages):
             raise bad_request("messages: at least one user message is required", "messages")
