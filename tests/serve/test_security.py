@@ -14,6 +14,7 @@ import openai
 import pytest
 from openai import OpenAI
 from pydantic import SecretStr
+from serve_helpers import wait_ready
 
 pytestmark = pytest.mark.slow
 
