@@ -7,6 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,10 +20,17 @@ def quickstart(*args: str) -> subprocess.CompletedProcess:
 
 
 def no_app_left() -> bool:
+    """No `serve run` and nothing on port 8000 (Ray's proxy outliving the script once made the
+    next start's client talk to a dying app)."""
     for _ in range(30):
         ps = subprocess.run(["pgrep", "-f", "serve run serve_configs/tiny_omni.yaml"],
                             capture_output=True, text=True)
-        if not ps.stdout.strip():
+        try:
+            httpx.get("http://127.0.0.1:8000/", timeout=2)
+            listening = True
+        except httpx.HTTPError:
+            listening = False
+        if not ps.stdout.strip() and not listening:
             return True
         time.sleep(1)
     return False
