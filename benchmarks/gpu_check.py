@@ -66,6 +66,8 @@ def app_config(model_dir: str, device: str, port: int, *, tiny: bool, dummy: boo
     args.update(model=str(model_dir), make_tiny_if_missing=False)
     if dummy:
         args["allow_dummy_weights"] = True
+    # /debug/timeline: where the time to first audio goes (benchmarks/timeline.py)
+    args.setdefault("security", {})["enable_debug_endpoints"] = True
     if tiny:
         args["max_model_len"] = TINY["max_model_len"]
         args["limits"]["max_prompt_tokens"] = TINY["max_prompt_tokens"]
@@ -309,6 +311,12 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict) -> None:
                   audio_s_per_s=s["audio_seconds_per_s"], num_requests=s["num_requests"],
                   num_ok=s["num_ok"], output_tokens_mean=m["output_tokens"]["mean"],
                   audio_seconds_mean=m["audio_seconds"]["mean"], wall_s=s["wall_s"])
+        bd = lv["ttfa_breakdown"] = run.get("ttfa_breakdown") or {}
+        from benchmarks.timeline import SEGMENTS
+
+        complete = all(name in bd for name, _, _ in SEGMENTS)  # every stage noted its milestones
+        chk.line("PASS" if complete else "FAIL", f"ttfa breakdown c={c}", "p50 ms: " + ", ".join(
+            f"{k.split(':')[0]} {v['p50'] * 1e3:.0f}" for k, v in bd.items()))
         levels.append(lv)
         write(a.out / "gpu_serve.json", dict(
             commit=chk.data["commit"], dirty=chk.data["dirty"], device=chk.data["device"],

@@ -131,8 +131,18 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
             summary = summarize(recs, wall)
             print(summary_line(label, kind, value, summary), flush=True)
             results.append(dict(label=label, load=kind, value=value, summary=asdict(summary),
-                                requests=[r.summary() for r in recs]))
+                                requests=[r.summary() for r in recs],
+                                ttfa_breakdown=await ttfa_breakdown(url, len(batch))))
     return results
+
+
+async def ttfa_breakdown(url: str, n: int) -> dict | None:
+    """The app's milestones of the level's ``n`` requests (the last ``n`` it finished: nothing
+    else may use the app meanwhile) split into stages and hops; None when /debug is off."""
+    from benchmarks import timeline
+
+    reqs = await asyncio.to_thread(timeline.fetch, url, n)
+    return None if reqs is None else timeline.breakdown(reqs)
 
 
 def requests_per_level(args, concurrency: int) -> int:

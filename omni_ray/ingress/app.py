@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -50,6 +50,7 @@ from omni_ray.ingress.pipeline_client import (
 from omni_ray.ingress.sse_response import SSEResponse
 from omni_ray.metrics import IngressMetrics, RequestStatus, RequestTrack
 from omni_ray.payload import AudioChunk, FinishReason, TextDelta
+from omni_ray.timeline import Timeline
 
 logger = logging.getLogger("ray.serve")
 
@@ -98,6 +99,7 @@ class OmniIngress:
         self.guard = Guard(resolve_api_keys(self.args.security, os.environ), lim.max_body_bytes,
                            lim.max_concurrent_requests_per_key)
         self.metrics = IngressMetrics()
+        self.timeline = Timeline()  # per-request milestones here; /debug/timeline joins stages'
         self.created = int(time.time())
         # Short requests through every stage once they are ready; /health is 200 only after.
         self.warm_up = WarmUp(self)
@@ -156,8 +158,25 @@ class OmniIngress:
             out["kv_ingress"] = self.client.stats()  # this replica's KV hand-offs
         return out
 
+    @app.get("/debug/timeline")
+    async def debug_timeline(self, limit: int = Query(64, ge=1, le=1024)) -> dict:
+        """The last ``limit`` finished requests of this replica, each with the milestones every
+        stage noted (wall-clock seconds; omni_ray/timeline.py): where the first audio went."""
+        if not self.args.security.enable_debug_endpoints:
+            raise APIError(404, "debug endpoints are off (security.enable_debug_endpoints)",
+                           type="not_found_error")
+        ids = self.timeline.recent(limit)
+        stages = await asyncio.gather(*(h.request_timeline.remote(ids)
+                                        for h in self.stage_handles.values()))
+        out = {rid: {"ingress": m} for rid, m in self.timeline.get(ids).items()}
+        for name, marks in zip(self.stage_handles, stages):
+            for rid, m in marks.items():
+                out.setdefault(rid, {})[name] = m
+        return {"requests": [dict(request_id=rid, **out[rid]) for rid in ids if rid in out]}
+
     @app.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
+        received = time.time()
         fault = request.headers.get("x-omni-fault") if self.args.security.allow_fault_injection else None
         track = self.metrics.track(body.modalities)
         try:
@@ -166,6 +185,7 @@ class OmniIngress:
             track.finish(RequestStatus.INVALID, "invalid_request")
             raise
         logger.info("request %s: modalities=%s stream=%s", req.request_id, req.modalities, body.stream)
+        self.timeline.start(req.request_id, "received", received)
         # Open the stages before answering: a full stage is a 503 + Retry-After, not a stream error.
         kv_fault = (request.headers.get("x-omni-kv-fault")
                     if self.args.security.allow_fault_injection else None)
@@ -407,6 +427,7 @@ class OmniIngress:
                     text = detok.add(item.token_ids, item.finished)
                     if text:
                         track.on_text()
+                        self.timeline.mark(req.request_id, "first_text")
                         yield {"type": "text", "delta": text}
                     if item.finished:
                         reason = item.finish_reason
@@ -416,6 +437,7 @@ class OmniIngress:
                     samples = to_float32(item.samples)  # plain numpy: see generate()
                     if samples.size:
                         track.on_audio()
+                        self.timeline.mark(req.request_id, "first_audio")
                     yield {"type": "audio", "seq": int(item.seq),
                            "start_sample": int(item.start_sample),
                            "num_samples": int(samples.size), "pcm16": to_pcm16(samples),
@@ -431,6 +453,7 @@ class OmniIngress:
             raise
         finally:
             stream.close()
+            self.timeline.finish(req.request_id)
         track.finish(RequestStatus.OK)
         usage = {"prompt_tokens": len(req.prompt_token_ids), "completion_tokens": n_out,
                  "total_tokens": len(req.prompt_token_ids) + n_out}

@@ -23,6 +23,7 @@ from omni_ray.config.request import WARMUP_ID_PREFIX, OmniRequest
 from omni_ray.metrics import EngineMetrics
 from omni_ray.payload import decode_chunk, encode_chunk
 from omni_ray.stages.logic import Emit, StageRequestError, build_stage_logic
+from omni_ray.timeline import Timeline
 from omni_ray.stages.tombstones import Tombstones
 from omni_ray.transport.ray_push import ChunkSender, Reorderer
 
@@ -57,6 +58,7 @@ class StageEngine:
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._reqs: dict[str, _ReqState] = {}
         self._aborted = Tombstones()  # aborts that came before their request
+        self.timeline = Timeline()  # per-request milestones (omni_ray/timeline.py)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
@@ -87,6 +89,7 @@ class StageEngine:
                                  on_ack=self.metrics.on_chunk_acked,
                                  on_error=lambda e: self._on_push_error(rid, e))
         st = self._reqs[rid] = _ReqState(rid, asyncio.Queue(), sender)
+        self.timeline.start(rid)
         if rid.startswith(WARMUP_ID_PREFIX):
             self.counters["warmups"] += 1
         try:
@@ -186,6 +189,10 @@ class StageEngine:
             **self.counters,
         )
 
+    async def request_timeline(self, request_ids: list[str]) -> dict[str, dict[str, float]]:
+        """Milestones of these requests here (omni_ray/timeline.py), for ``/debug/timeline``."""
+        return self.timeline.get(request_ids)
+
     def _admitted(self):
         """The requests this engine holds, for the stage gauges (read from both threads)."""
         return self._reqs
@@ -199,6 +206,7 @@ class StageEngine:
         st = self._reqs.get(chunk.request_id)
         if st is None or st.finished:
             return False
+        self.timeline.mark(chunk.request_id, "first_in")
         for c in st.reorder.add(chunk):
             self._cmds.put(("chunk", c, None))
         return True
@@ -273,11 +281,13 @@ class StageEngine:
                 st.out.put_nowait(StageRequestError(f"{self.stage}: {e.error}"))
                 continue
             if e.target == "down":
+                self.timeline.mark(e.request_id, "first_down")
                 st.sender.send(e.item)
                 if e.final:
                     st.sender.close()
             else:
                 if e.item is not None:
+                    self.timeline.mark(e.request_id, "first_out")
                     self.counters["chunks_out"] += 1
                     st.out.put_nowait(encode_chunk(e.item))
                 if e.final:
@@ -299,6 +309,7 @@ class StageEngine:
         st = self._reqs.pop(request_id, None)
         if st is None:
             return
+        self.timeline.finish(request_id)
         self.metrics.on_requests(self._admitted())
         if not st.finished:
             st.aborted = True

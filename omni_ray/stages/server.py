@@ -112,6 +112,12 @@ class StageServer:
         return {**out, "engine_restarts": self.sup.restarts, "engine_load_s": self.sup.load_s,
                 "engine_failover_s": self.sup.last_failover_s}
 
+    async def request_timeline(self, request_ids: list[str]) -> dict:
+        """This replica's engine's milestones of these requests (omni_ray/timeline.py)."""
+        if not self.sup.ready:
+            return {}
+        return await self.engine.request_timeline.remote(request_ids)
+
     async def readiness(self) -> dict:
         """Answers at once: can this replica serve now (its engine loaded and alive)? With
         ``restarting`` when its engine died and a new one is starting."""

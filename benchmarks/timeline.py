@@ -1,0 +1,58 @@
+"""Where the time to first audio goes, from the app's own milestones (``GET /debug/timeline``,
+omni_ray/timeline.py): the stages and the hops between them, per request, telescoping from the
+ingress receiving the request to the ingress holding its first audio piece.
+
+Needs ``security.enable_debug_endpoints: true``; without it ``fetch`` returns None.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from benchmarks.metrics import stats
+
+# (segment, (stage, milestone) it starts at, (stage, milestone) it ends at); consecutive, so the
+# segments of one request add up to its time to first audio inside the app.
+SEGMENTS = [
+    ("ingress: parse, tokenize, open the stages", ("ingress", "received"), ("thinker", "added")),
+    ("thinker: prefill + first token", ("thinker", "added"), ("thinker", "first_down")),
+    ("hop thinker -> talker", ("thinker", "first_down"), ("talker", "first_in")),
+    ("talker: prefill + first codec chunk", ("talker", "first_in"), ("talker", "first_down")),
+    ("hop talker -> code2wav", ("talker", "first_down"), ("code2wav", "first_in")),
+    ("code2wav: first chunk to audio", ("code2wav", "first_in"), ("code2wav", "first_out")),
+    ("code2wav -> ingress (replica stream)", ("code2wav", "first_out"), ("ingress", "first_audio")),
+]
+TOTAL = ("ingress first audio", ("ingress", "received"), ("ingress", "first_audio"))
+
+
+def fetch(url: str, limit: int, headers: dict | None = None) -> list[dict] | None:
+    """The last ``limit`` requests' milestones, or None when the endpoint is off."""
+    r = httpx.get(f"{url}/debug/timeline", params={"limit": limit}, headers=headers, timeout=60)
+    if r.status_code == 404:
+        return None
+    r.raise_for_status()
+    return r.json()["requests"]
+
+
+def _span(req: dict, a: tuple[str, str], b: tuple[str, str]) -> float | None:
+    ta, tb = req.get(a[0], {}).get(a[1]), req.get(b[0], {}).get(b[1])
+    return None if ta is None or tb is None else tb - ta
+
+
+def breakdown(requests: list[dict]) -> dict:
+    """Per segment: n, mean, p50, p90, p99, min, max (seconds) over the requests that have both
+    ends (text-only requests have no audio segments)."""
+    out = {}
+    for name, a, b in [*SEGMENTS, TOTAL]:
+        xs = [x for x in (_span(r, a, b) for r in requests) if x is not None]
+        if xs:
+            out[name] = stats(xs)
+    return out
+
+
+def table(rows: dict, q: str = "p50") -> str:
+    """A markdown table of one breakdown."""
+    lines = [f"| segment | {q} ms | mean ms |", "|---|---|---|"]
+    for name, s in rows.items():
+        lines.append(f"| {name} | {s[q] * 1e3:.1f} | {s['mean'] * 1e3:.1f} |")
+    return "\n".join(lines)

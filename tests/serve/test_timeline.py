@@ -1,0 +1,66 @@
+"""``GET /debug/timeline``: every stage notes its milestones of a request, and they split the
+time to first audio into stages and hops (benchmarks/timeline.py; issue 20's "where the time
+goes"), in both delivery modes, through the real app and the ``openai`` client."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+from serve_helpers import MODEL
+
+from benchmarks import timeline
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("mode", ["async_chunk", "sync"])
+def test_timeline_splits_the_time_to_first_audio(serve_urls, mode):
+    url = serve_urls[mode]
+    client = OpenAI(base_url=f"{url}/v1", api_key="none")
+    t0 = time.time()
+    ttfa = rid = None
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
+        modalities=["text", "audio"], audio={"voice": "ethan", "format": "pcm16"},
+        max_tokens=8, stream=True, extra_body={"max_audio_frames": 12})
+    for chunk in stream:
+        rid = chunk.id
+        delta = chunk.choices[0].delta if chunk.choices else None
+        audio = delta and (getattr(delta, "audio", None) or (delta.model_extra or {}).get("audio"))
+        data = (audio.get("data") if isinstance(audio, dict) else audio.data) if audio else None
+        if data and ttfa is None:
+            ttfa = time.time() - t0
+    assert ttfa is not None
+
+    reqs = timeline.fetch(url, 1)
+    assert [r["request_id"] for r in reqs] == [rid]
+    req = reqs[0]
+    assert {"ingress", "thinker", "talker", "code2wav"} <= set(req)
+    rows = timeline.breakdown(reqs)
+    assert [name for name, _, _ in timeline.SEGMENTS] + [timeline.TOTAL[0]] == list(rows)
+    total = rows[timeline.TOTAL[0]]["p50"]
+    assert 0 < total <= ttfa
+    for name, _, _ in timeline.SEGMENTS:  # one host's clock: every step forward in time
+        assert rows[name]["p50"] >= -1e-3, (name, rows[name])
+    assert sum(rows[n]["p50"] for n, _, _ in timeline.SEGMENTS) == pytest.approx(total)
+    if mode == "sync":  # the talker starts when the thinker has finished: after the text
+        assert req["talker"]["first_in"] >= req["thinker"]["first_out"]
+
+
+def test_timeline_of_several_requests_in_order(serve_urls):
+    url = serve_urls["async_chunk"]
+    ids = []
+    for i in range(3):
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+            "model": MODEL, "messages": [{"role": "user", "content": f"Number {i}"}],
+            "max_tokens": 4, "modalities": ["text"]})
+        assert r.status_code == 200
+        ids.append(r.json()["id"])
+    got = timeline.fetch(url, 3)
+    assert [r["request_id"] for r in got] == ids
+    assert all("talker" not in r for r in got)  # text only: no talker, no code2wav
+    r = httpx.get(f"{url}/debug/timeline", params={"limit": 0}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"], r.text

@@ -1,0 +1,48 @@
+"""``omni_ray.timeline.Timeline`` (per-request milestones) and ``benchmarks.timeline.breakdown``
+(the time to first audio split into stages and hops)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.timeline import SEGMENTS, TOTAL, breakdown
+from omni_ray.timeline import Timeline
+
+
+def test_first_mark_wins_and_unknown_ids_are_ignored():
+    tl = Timeline(keep=2)
+    tl.start("a", t=1.0)
+    tl.mark("a", "first_in")
+    first = tl.get(["a"])["a"]["first_in"]
+    tl.mark("a", "first_in")
+    assert tl.get(["a"])["a"] == {"added": 1.0, "first_in": first}
+    tl.mark("late", "first_in")  # a chunk for a request not (or no longer) here
+    assert tl.get(["late"]) == {} and len(tl) == 1
+
+
+def test_bounded_live_and_done():
+    tl = Timeline(keep=2)
+    for rid in "abc":
+        tl.start(rid)
+    assert len(tl) == 2 and tl.get(["a"]) == {}  # a stream that never ran: forgotten
+    for rid in "bc":
+        tl.finish(rid)
+    tl.start("d")
+    tl.finish("d")
+    assert len(tl) == 0 and tl.recent(5) == ["c", "d"] and tl.recent(1) == ["d"]
+    assert set(tl.get(["b", "c", "d"])) == {"c", "d"}
+    tl.mark("d", "first_out")  # finished: no new marks
+    assert "first_out" not in tl.get(["d"])["d"]
+
+
+def test_breakdown_segments_add_up_to_the_total():
+    t = iter(range(100))
+    req = {}
+    for _, (stage, mark), _ in SEGMENTS:
+        req.setdefault(stage, {})[mark] = float(next(t)) * 0.01 + ({"talker": 0.005}.get(stage, 0))
+    req["ingress"]["first_audio"] = 1.0
+    rows = breakdown([req])
+    parts = sum(rows[name]["p50"] for name, _, _ in SEGMENTS)
+    assert parts == pytest.approx(rows[TOTAL[0]]["p50"]) and rows[TOTAL[0]]["p50"] == 1.0
+    text_only = {"ingress": {"received": 0.0}, "thinker": {"added": 0.1, "first_down": 0.2}}
+    assert set(breakdown([text_only])) == {SEGMENTS[0][0], SEGMENTS[1][0]}
