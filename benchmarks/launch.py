@@ -1,7 +1,8 @@
 """Start the app locally for a benchmark: one Ray cluster, Serve on a free port, one app per setup.
 
 Setups are named ``tiny-async`` / ``tiny-sync`` (the tiny checkpoint, pipeline mode async_chunk or
-sync); each is deployed as its own Serve application under ``/<setup>``.
+sync; transformers backbones) and ``tiny-vllm-async`` (thinker and talker on vLLM-CPU, eager, a
+small fixed KV cache); each is deployed as its own Serve application under ``/<setup>``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 import os
 import socket
 
-SETUPS = {"tiny-async": "async_chunk", "tiny-sync": "sync"}
+SETUPS = {"tiny-async": "async_chunk", "tiny-sync": "sync", "tiny-vllm-async": "async_chunk"}
+# vLLM on CPU (vllm-cpu): eager, float32, a fixed KV cache (as tests/serve/test_vllm_app.py)
+VLLM_CPU = {"backend": "vllm", "engine_kwargs": {
+    "enforce_eager": True, "kv_cache_memory_bytes": 128 << 20, "max_model_len": 2048,
+    "max_num_batched_tokens": 512}}
 
 
 def free_port() -> int:
@@ -29,8 +34,11 @@ def tiny_model_dir() -> str:
 def app_args(setup: str, model_dir: str) -> dict:
     if setup not in SETUPS:
         raise ValueError(f"unknown setup {setup!r}; known: {sorted(SETUPS)}")
-    return {"model": model_dir, "model_id": "qwen3-omni", "pipeline": {"mode": SETUPS[setup]},
+    args = {"model": model_dir, "model_id": "qwen3-omni", "pipeline": {"mode": SETUPS[setup]},
             "security": {"enable_debug_endpoints": True}}
+    if "vllm" in setup:
+        args.update(thinker=dict(VLLM_CPU), talker=dict(VLLM_CPU))
+    return args
 
 
 class LocalServe:
