@@ -128,13 +128,16 @@ class WarmUp:
                                str(e)[:200])
 
 
-def _any_standby(args) -> bool:
-    """Whether any stage of ``args`` keeps a standby engine."""
-    for name in type(args).model_fields:
-        restart = getattr(getattr(args, name, None), "engine_restart", None)
-        if restart is not None and getattr(restart, "standby", False):
-            return True
-    return False
+def _any_standby(args, depth: int = 2) -> bool:
+    """Whether any stage config in ``args`` (``thinker_disaggregation``'s too) keeps a standby."""
+    from pydantic import BaseModel
+
+    restart = getattr(args, "engine_restart", None)
+    if restart is not None and restart.standby:
+        return True
+    return depth > 0 and any(
+        _any_standby(v, depth - 1) for v in (getattr(args, n) for n in type(args).model_fields)
+        if isinstance(v, BaseModel))
 
 
 async def _one(ingress, body: ChatCompletionRequest, prefix: str = WARMUP_ID_PREFIX) -> None:
