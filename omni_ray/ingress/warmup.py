@@ -51,6 +51,7 @@ class WarmUp:
         self.runs = 0  # finished warm-ups (the first at start-up, then one per stage outage)
         self.seconds: float | None = None
         self.standby_runs = 0  # finished warm-ups of standby engines
+        self.bodies: list[ChatCompletionRequest] = []  # the warm-up requests that passed
         self._task: asyncio.Task | None = None
         self._standby_task: asyncio.Task | None = None
 
@@ -96,6 +97,7 @@ class WarmUp:
                 self.requests = 0
                 await asyncio.sleep(RETRY_S)
         self.seconds = time.monotonic() - t0
+        self.bodies = bodies  # (those this deployment accepts: the standby warm-up's too)
         self.state, self.done = "done", True
         self.runs += 1
         logger.info("warm-up: %d requests through every stage in %.1f s", len(bodies),
@@ -117,8 +119,7 @@ class WarmUp:
                 if not cold or not all(st["ready"] for st in states):
                     continue
                 t0 = time.monotonic()
-                for body in warmup_bodies(ingress.args.model_id, ingress.args.limits,
-                                          with_audio_input=ingress.media_ok()):
+                for body in self.bodies:
                     await _one(ingress, body, STANDBY_WARMUP_ID_PREFIX)
                 self.standby_runs += 1
                 logger.info("warm-up of the standby engines of %s in %.1f s", cold,
