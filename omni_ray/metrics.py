@@ -164,3 +164,26 @@ class EngineMetrics:
         self.chunk_latency.observe(seconds)
         self.chunk_bytes.inc(nbytes)
         self.chunks.inc()
+
+
+class SupervisorMetrics:
+    """A stage replica's engine failovers and its standby (stages/supervisor.py; tag ``stage``)."""
+
+    def __init__(self, stage: str):
+        from ray.util.metrics import Counter, Gauge
+
+        self.failovers = Counter("omni_ray_engine_failovers_total",
+                                 "Engines replaced after dying: `how` is `promoted` (the standby "
+                                 "took over) or `restarted` (a new engine loaded).",
+                                 tag_keys=("stage", "how"))
+        self.standby = Gauge("omni_ray_engine_standby_ready",
+                             "1 while the replica's standby engine is loaded, else 0 (only with "
+                             "engine_restart.standby).", tag_keys=("stage",))
+        self.failovers.set_default_tags({"stage": stage})
+        self.standby.set_default_tags({"stage": stage})
+
+    def on_failover(self, stage: str, how: str) -> None:
+        self.failovers.inc(tags={"stage": stage, "how": how})
+
+    def set_standby_ready(self, stage: str, ready: bool) -> None:
+        self.standby.set(1.0 if ready else 0.0, tags={"stage": stage})

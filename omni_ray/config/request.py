@@ -15,6 +15,8 @@ Modality = Literal["text", "audio"]
 
 # Request ids of the ingress's warm-up requests (ingress/warmup.py); engines count them.
 WARMUP_ID_PREFIX = "warmup-"
+# Warm-up requests for the stages' standby engines (stages/supervisor.py, ingress/warmup.py).
+STANDBY_WARMUP_ID_PREFIX = WARMUP_ID_PREFIX + "standby-"
 
 
 class OmniRequest(BaseModel):

@@ -39,7 +39,8 @@ class EngineRestartConfig(BaseModel):
     """What a stage replica does when its engine actor dies (docs/faults.md, "A stage's engine
     dies"). The replica starts a new engine itself, at once; meanwhile the stage answers 503 +
     ``Retry-After``. Past ``max_restarts`` deaths within ``window_s`` it stops and fails Serve's
-    health check instead, so Serve replaces the whole replica (``health_check_period_s``)."""
+    health check instead, so Serve replaces the whole replica (``health_check_period_s``). With
+    ``standby`` the replica keeps a loaded engine in reserve and the failover takes no model load."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -47,6 +48,9 @@ class EngineRestartConfig(BaseModel):
                                                    "never restart (Serve replaces the replica)")
     window_s: float = Field(600.0, gt=0, description="the window max_restarts counts deaths in")
     retry_after_s: int = Field(1, ge=1, description="Retry-After of the 503 while restarting")
+    standby: bool = Field(False, description="keep a second, loaded (and warmed) engine actor "
+                                             "per replica and promote it the moment the active "
+                                             "one dies; doubles engine_resources (docs/faults.md)")
 
 
 class StageConfig(BaseModel):

@@ -40,6 +40,7 @@ from omni_ray.kv_lifecycle import KVFault, KVState, KVStepError, KVTransfer, KVT
 
 logger = logging.getLogger("ray.serve")
 
+RECENT_IN_STATS = 4  # finished hand-offs shown in /debug/stats (kv_ingress.recent)
 GRACE_S = 5.0  # the ingress waits this much longer than the engine-side bounds: engines fail first
 _NO_FAULT = KVFault()
 
@@ -75,7 +76,9 @@ class DisaggPipelineClient(PipelineClient):
             self._faults.pop(req.request_id, None)
 
     def stats(self) -> dict:
-        return self.transfers.stats()
+        """Counts, plus ``recent``: the summaries of the last few finished hand-offs (state,
+        ``failed_at``, ``error``, ``fallback`` and the seconds of each step)."""
+        return {**self.transfers.stats(), "recent": list(self.transfers.recent)[-RECENT_IN_STATS:]}
 
     async def _open_thinker(self, req: OmniRequest, downstream, gens: list) -> None:
         t = self.transfers.start(req.request_id)

@@ -10,6 +10,12 @@ stay out of the request metrics. A warm-up that fails is retried; ``/health`` sa
 When a stage's engine restarts later (``/health`` sees its readiness say ``restarting``, or a
 request is refused with ``engine_unavailable``), the warm-up runs again once every stage is back,
 so a restarted engine is warm before ``/health`` is 200 again.
+
+Standby engines (``engine_restart.standby``, stages/supervisor.py) are warmed the same way, in the
+background and without touching ``/health``: once the warm-up is done, every ``STANDBY_POLL_S``
+the stages' readiness is read, and while a stage reports a loaded standby that is not warm yet
+the same requests go through the pipeline with ids ``STANDBY_WARMUP_ID_PREFIX`` (a stage routes
+those to its standby, the others to their active engine), so a promoted standby is warm.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import struct
 import time
 import wave
 
-from omni_ray.config.request import WARMUP_ID_PREFIX
+from omni_ray.config.request import STANDBY_WARMUP_ID_PREFIX, WARMUP_ID_PREFIX
 from omni_ray.config.serving import LimitsConfig
 from omni_ray.ingress.api_models import ChatCompletionRequest
 from omni_ray.ingress.errors import APIError
@@ -31,6 +37,7 @@ from omni_ray.ingress.errors import APIError
 logger = logging.getLogger("ray.serve")
 
 RETRY_S = 2.0  # between a failed warm-up and the next try
+STANDBY_POLL_S = 1.0  # how often the stages are asked whether a standby needs its warm-up
 
 
 class WarmUp:
@@ -43,13 +50,18 @@ class WarmUp:
         self.requests = 0  # warm-up requests finished (this run)
         self.runs = 0  # finished warm-ups (the first at start-up, then one per stage outage)
         self.seconds: float | None = None
+        self.standby_runs = 0  # finished warm-ups of standby engines
+        self.bodies: list[ChatCompletionRequest] = []  # the warm-up requests that passed
         self._task: asyncio.Task | None = None
+        self._standby_task: asyncio.Task | None = None
 
     def start(self) -> None:
         """Run the warm-up unless one is under way (needs the replica's event loop)."""
         if self._task is None or self._task.done():
             self.done, self.state = False, "waiting for the stages"
             self._task = asyncio.get_running_loop().create_task(self.run(self.ingress))
+        if self._standby_task is None and _any_standby(self.ingress.args):
+            self._standby_task = asyncio.get_running_loop().create_task(self.standbys())
 
     def again(self) -> None:
         """A stage lost its engine: warm up again once every stage is back."""
@@ -85,15 +97,53 @@ class WarmUp:
                 self.requests = 0
                 await asyncio.sleep(RETRY_S)
         self.seconds = time.monotonic() - t0
+        self.bodies = bodies  # (those this deployment accepts: the standby warm-up's too)
         self.state, self.done = "done", True
         self.runs += 1
         logger.info("warm-up: %d requests through every stage in %.1f s", len(bodies),
                     self.seconds)
 
 
-async def _one(ingress, body: ChatCompletionRequest) -> None:
+    async def standbys(self) -> None:
+        """Forever: warm the stages' loaded standbys that are not warm yet."""
+        while True:
+            await asyncio.sleep(STANDBY_POLL_S)
+            if not self.done:
+                continue
+            ingress = self.ingress
+            try:
+                states = await asyncio.gather(*(ingress._stage_readiness(n, h)
+                                                for n, h in ingress.stage_handles.items()))
+                cold = [n for n, st in zip(ingress.stage_handles, states)
+                        if st.get("standby_ready") and not st.get("standby_warm")]
+                if not cold or not all(st["ready"] for st in states):
+                    continue
+                t0 = time.monotonic()
+                for body in self.bodies:
+                    await _one(ingress, body, STANDBY_WARMUP_ID_PREFIX)
+                self.standby_runs += 1
+                logger.info("warm-up of the standby engines of %s in %.1f s", cold,
+                            time.monotonic() - t0)
+            except Exception as e:  # noqa: BLE001 - tried again at the next poll
+                logger.warning("standby warm-up failed (%s: %s); retrying", type(e).__name__,
+                               str(e)[:200])
+
+
+def _any_standby(args, depth: int = 2) -> bool:
+    """Whether any stage config in ``args`` (``thinker_disaggregation``'s too) keeps a standby."""
+    from pydantic import BaseModel
+
+    restart = getattr(args, "engine_restart", None)
+    if restart is not None and restart.standby:
+        return True
+    return depth > 0 and any(
+        _any_standby(v, depth - 1) for v in (getattr(args, n) for n in type(args).model_fields)
+        if isinstance(v, BaseModel))
+
+
+async def _one(ingress, body: ChatCompletionRequest, prefix: str = WARMUP_ID_PREFIX) -> None:
     req, _ = await ingress._to_request(body)
-    req = req.model_copy(update={"request_id": WARMUP_ID_PREFIX + req.request_id})
+    req = req.model_copy(update={"request_id": prefix + req.request_id})
     stream = await ingress.client.open(req)
     async for _ in ingress._events(req, stream, _NoTrack()):
         pass

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from omni_ray.config.request import OmniRequest
+from omni_ray.config.request import STANDBY_WARMUP_ID_PREFIX, WARMUP_ID_PREFIX, OmniRequest
 from omni_ray.config.serving import OmniServingArgs
 from omni_ray.exceptions import EngineUnavailable
 from omni_ray.stages.logic import StageRequestError
@@ -35,8 +35,10 @@ class StageServer:
         args = OmniServingArgs.model_validate(args)
         cfg = self.stage_config(args)
         model_dir = args.checkpoint_dir()
+        from omni_ray.metrics import SupervisorMetrics
+
         self.sup = EngineSupervisor(self.stage, lambda: self._create_engine(args, cfg, model_dir),
-                                    cfg.engine_restart)
+                                    cfg.engine_restart, SupervisorMetrics(self.stage))
 
     @property
     def engine(self):
@@ -76,10 +78,20 @@ class StageServer:
         from ray.exceptions import ActorDiedError, RayActorError
 
         rid = request.request_id
-        engine = self.sup.engine_for_request()  # EngineUnavailable: nothing opened yet
+        warmup = rid.startswith(WARMUP_ID_PREFIX)
+        engine = self._engine_for(rid)  # EngineUnavailable: nothing opened yet
         opened = False
         try:
-            await engine.add_request.remote(request, downstream, **add_kwargs)
+            try:
+                await engine.add_request.remote(request, downstream, **add_kwargs)
+            except ActorDiedError:
+                # Died before this request started. If its standby took over (just now, in
+                # report_death), the request goes there instead of being refused.
+                self.sup.report_death(engine, "ActorDiedError")
+                if not (self.sup.ready and self.sup.engine is not engine):
+                    raise
+                engine = self._engine_for(rid)
+                await engine.add_request.remote(request, downstream, **add_kwargs)
             opened = True
             # Claim the request's stream before yielding: the caller pulls the next item only
             # once every stage is open, which can take seconds, and the engine aborts requests
@@ -88,6 +100,8 @@ class StageServer:
             yield engine
             async for ref in gen:
                 yield await ref
+            if warmup:
+                self.sup.warmed(engine)
         except (asyncio.CancelledError, GeneratorExit):
             engine.abort.remote(rid)  # fire and forget: we are being cancelled
             raise
@@ -100,6 +114,13 @@ class StageServer:
                 raise StageRequestError("engine died; a new one is starting") from None
             raise StageRequestError(f"engine unreachable ({type(e).__name__})") from None
 
+    def _engine_for(self, rid: str):
+        """The engine for a new request: a standby warm-up request goes to the standby (when
+        one is loaded), any other to the active engine (``EngineUnavailable`` when none)."""
+        if rid.startswith(WARMUP_ID_PREFIX):
+            return self.sup.engine_for_warmup(rid.startswith(STANDBY_WARMUP_ID_PREFIX))
+        return self.sup.engine_for_request()
+
     async def abort(self, request_id: str) -> bool:
         return await self.engine.abort.remote(request_id)
 
@@ -109,8 +130,7 @@ class StageServer:
     async def stats(self) -> dict:
         await self.sup.wait_ready(timeout_s=120)
         out = await self.engine.stats.remote()
-        return {**out, "engine_restarts": self.sup.restarts, "engine_load_s": self.sup.load_s,
-                "engine_failover_s": self.sup.last_failover_s}
+        return {**out, **self.sup.stats()}
 
     async def request_timeline(self, request_ids: list[str]) -> dict:
         """This replica's engine's milestones of these requests (omni_ray/timeline.py)."""
@@ -120,11 +140,14 @@ class StageServer:
 
     async def readiness(self) -> dict:
         """Answers at once: can this replica serve now (its engine loaded and alive)? With
-        ``restarting`` when its engine died and a new one is starting."""
+        ``restarting`` when its engine died and a new one is starting; with a standby
+        (``engine_restart.standby``) also ``standby_ready`` and ``standby_warm``."""
         self.sup.start()
+        standby = ({"standby_ready": self.sup.standby_loaded, "standby_warm": self.sup.standby_warm}
+                   if self.sup.policy.standby else {})
         if not self.sup.ready:
             return {"ready": False, "reason": self.sup.reason,
-                    "restarting": self.sup.state is EngineState.RESTARTING}
+                    "restarting": self.sup.state is EngineState.RESTARTING, **standby}
         from ray.exceptions import ActorDiedError
 
         engine = self.engine
@@ -132,10 +155,13 @@ class StageServer:
             await asyncio.wait_for(engine.ready.remote(), timeout=1.5)
         except ActorDiedError:
             self.sup.report_death(engine, "ActorDiedError")
-            return {"ready": False, "reason": self.sup.reason, "restarting": True}
+            if self.sup.ready:  # its standby took over
+                return {"ready": True, "reason": None, **standby}
+            return {"ready": False, "reason": self.sup.reason, "restarting": True, **standby}
         except Exception as e:  # noqa: BLE001
-            return {"ready": False, "reason": f"engine not answering ({type(e).__name__})"}
-        return {"ready": True, "reason": None}
+            return {"ready": False, "reason": f"engine not answering ({type(e).__name__})",
+                    **standby}
+        return {"ready": True, "reason": None, **standby}
 
     async def check_health(self) -> None:
         """Fails only when the supervisor gave up (an engine failed to start, or died too often)

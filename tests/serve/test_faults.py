@@ -201,12 +201,8 @@ def _probe_until_served(url: str, t_kill: float, deadline_s: float = 120.0) -> l
     raise AssertionError(f"no request served {deadline_s}s after the kill: {probes[-3:]}")
 
 
-@pytest.mark.parametrize("stage", ["talker", "code2wav", "thinker"])
-def test_dead_engine_fails_its_requests_and_is_replaced(fault_url, stage):
-    url = fault_url
-    alone = [run_alone(url, body(p, audio=False, max_tokens=TEXT_TOKENS)) for p in TEXT_PROMPTS]
-    before = stats(url)[stage]
-    old_pid = before["pid"]
+def _streams_under_way(url: str) -> tuple[list, list]:
+    """Two long audio streams and two text-only ones, every one under way: (audio, texts)."""
     audio = [SSEClient(url, body(f"Tell me a long story number {i}", max_tokens=400, frames=1200))
              for i in range(2)]
     texts = [SSEClient(url, body(p, audio=False, max_tokens=TEXT_TOKENS)) for p in TEXT_PROMPTS]
@@ -224,28 +220,39 @@ def test_dead_engine_fails_its_requests_and_is_replaced(fault_url, stage):
         states = [(c.status, len(c.events), c.audio_events, c.error, c.error_body, c.exception)
                   for c in audio + texts]
         raise AssertionError(f"{e}: {states}; stats {stats(url)}") from None
+    return audio, texts
 
-    # 1) Kill the engine process (a crash, not a clean exit); new requests from then on.
+
+def _kill_and_probe(url: str, pid: int, stage: str, audio: list, texts: list,
+                    probe_after_audio: bool):
+    """SIGKILL the stage's engine process; new requests one after another (from the kill, or
+    once the audio streams ended) until one is served, ``/health`` watched until 200 after it;
+    every stream ended, those on the dead stage with an error event. (t_kill, probes, the health
+    watch, the streams bound to the stage, their error times after the kill)."""
     t_kill = time.monotonic()
-    os.kill(old_pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     health = HealthWatch(url, t_kill)
     health.start()
-    # New requests once the audio streams (on the dead stage) have ended: this app's code2wav
-    # takes 2 + 1 requests, so probes beside them could meet its backpressure instead.
-    for c in audio:
-        c.join(timeout=60)
+    if probe_after_audio:
+        for c in audio:
+            c.join(timeout=60)
     probes = _probe_until_served(url, t_kill)
     t_served = probes[-1]["t"]
     poll(lambda: any(code == 200 and t > t_served for t, code, _, _ in health.seen), 30,
-         "/health 200 again", 0.1)
+         "/health 200 after the first served request", 0.1)
     health.stop.set()
     health.join(timeout=30)
     for c in audio + texts:
         c.join(timeout=60)
         assert not c.is_alive(), "a request hung after its stage died"
         assert c.exception is None and c.status == 200, (c.exception, c.status)
+    bound, detect = _errors_of_the_dead_stage(stage, audio, texts, t_kill)
+    return t_kill, probes, health, bound, detect
 
-    # 2) Requests on the dead stage end with a clear error event, promptly.
+
+def _errors_of_the_dead_stage(stage: str, audio: list, texts: list, t_kill: float):
+    """The streams bound to the killed stage (every audio one; text ones under way when the
+    thinker died) each ended with an error event naming it, within 5 s: (those, seconds)."""
     running_at_kill = [c for c in audio + texts
                        if not any(t < t_kill and ev.get("choices") and
                                   ev["choices"][0].get("finish_reason") for t, ev in c.events)]
@@ -256,6 +263,24 @@ def test_dead_engine_fails_its_requests_and_is_replaced(fault_url, stage):
         assert stage in c.error["message"] and c.error["type"] == "server_error", c.error
         detect.append(c.error_time - t_kill)
     assert max(detect) < 5.0, detect
+    return bound, detect
+
+
+@pytest.mark.parametrize("stage", ["talker", "code2wav", "thinker"])
+def test_dead_engine_fails_its_requests_and_is_replaced(fault_url, stage):
+    url = fault_url
+    alone = [run_alone(url, body(p, audio=False, max_tokens=TEXT_TOKENS)) for p in TEXT_PROMPTS]
+    before = stats(url)[stage]
+    old_pid = before["pid"]
+    audio, texts = _streams_under_way(url)
+
+    # 1) Kill the engine process (a crash, not a clean exit); new requests from then on, once
+    # the audio streams (on the dead stage) have ended: this app's code2wav takes 2 + 1
+    # requests, so probes beside them could meet its backpressure instead.
+    # 2) Requests on the dead stage end with a clear error event, promptly.
+    t_kill, probes, health, bound, detect = _kill_and_probe(url, old_pid, stage, audio, texts,
+                                                            probe_after_audio=True)
+    t_served = probes[-1]["t"]
 
     # 3) Requests that did not use the dead stage finish with their alone answers.
     if stage != "thinker":
@@ -304,3 +329,73 @@ def test_dead_engine_fails_its_requests_and_is_replaced(fault_url, stage):
           f"engine's start took {after['engine_load_s']:.1f}s of that")
     assert t_served <= after["engine_load_s"] + FAILOVER_OVERHEAD_S, (t_served, after)
     assert wait_clean(url, 10) == {}
+
+
+
+# -- ... with a hot standby (engine_restart.standby) ----------------------------------------------
+STANDBY_APP, STANDBY_PREFIX = "omni-standby", "/standby"
+STANDBY_FAILOVER_S = 5.0  # kill -> a new request served (issue 18: "within a few seconds")
+
+
+@pytest.fixture(scope="module")
+def standby_url(serve_base_url, tiny_model_dir):
+    """An app whose three stages each keep a standby engine (no code2wav backpressure here)."""
+    from ray import serve
+
+    from omni_ray import build_omni_app
+
+    stages = {}
+    for name in ("thinker", "talker", "code2wav"):
+        stages[name] = stage_cfg(name)
+        stages[name]["engine_restart"] = {**stages[name]["engine_restart"], "standby": True}
+    serve.run(build_omni_app(app_args(tiny_model_dir, "async_chunk", **stages)),
+              name=STANDBY_APP, route_prefix=STANDBY_PREFIX)
+    url = wait_ready(f"{serve_base_url}{STANDBY_PREFIX}")
+    yield url
+    serve.delete(STANDBY_APP)
+
+
+def _standbys_warm(url: str, deadline_s: float = 180.0) -> dict:
+    """Until every stage's standby is loaded and warmed (ingress/warmup.py): the stats."""
+    return poll(lambda: (lambda s: s if all(v["standby"] == "warm" for v in s.values()) else None)(
+        stats(url)), deadline_s, "every stage's standby warm", 0.5)
+
+
+@pytest.mark.parametrize("stage", ["talker", "code2wav", "thinker"])
+def test_dead_engine_with_a_standby_is_back_within_seconds(standby_url, stage):
+    """The killed engine's requests end with their error event as without a standby; the
+    standby, loaded and warmed beforehand, serves the next request within a few seconds;
+    ``/health`` never stays down; a new standby loads and warms in the background."""
+    url = standby_url
+    before = _standbys_warm(url)[stage]
+    assert before["standby_ready"] is True and before["standby_warmups"] >= 1, before
+    old_pid = before["pid"]
+    audio, texts = _streams_under_way(url)
+
+    t_kill, probes, health, bound, detect = _kill_and_probe(url, old_pid, stage, audio, texts,
+                                                            probe_after_audio=False)
+    t_served = probes[-1]["t"]
+
+    # Refused meanwhile (if at all): 503 + Retry-After, never a 500.
+    for r in probes[:-1]:
+        assert r["status"] == 503 and r["headers"].get("retry-after") == "1", r
+    assert all(code in (200, 503) for _, code, _, _ in health.seen), health.seen
+    down = [t for t, code, _, _ in health.seen if code != 200]
+
+    after = stats(url)[stage]
+    assert after["pid"] != old_pid, after
+    assert after["engine_promotions"] == before["engine_promotions"] + 1, after
+    assert after["engine_restarts"] == before["engine_restarts"] + 1, after
+    assert after["warmups"] >= before["standby_warmups"] >= 1, after  # warmed as the standby
+    print(f"\n{stage} with standby: errors {min(detect) * 1e3:.0f}-{max(detect) * 1e3:.0f} ms "
+          f"after the kill; served again {t_served:.2f}s after the kill (that request sent at "
+          f"{t_served - probes[-1]['seconds']:.2f}s, {len(probes) - 1} refused before it); "
+          f"/health non-200 {len(down)}x"
+          f"{f' until {max(down):.2f}s' if down else ''}; promotion "
+          f"{after['engine_failover_s'] * 1e3:.0f} ms after the death was seen; the promoted "
+          f"engine had {after['warmups']} warm-up requests")
+    assert t_served < STANDBY_FAILOVER_S, (t_served, probes)
+    assert wait_clean(url, 10) == {}
+    again = _standbys_warm(url)[stage]  # the next standby, loaded and warmed in the background
+    print(f"{stage}: the next standby warm {time.monotonic() - t_kill:.1f}s after the kill "
+          f"(its load {again['standby_load_s']:.1f}s)")

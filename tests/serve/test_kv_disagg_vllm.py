@@ -42,7 +42,10 @@ def vllm_kv_url(serve_port, reference, tiny_model_dir):  # noqa: F811
 
     from omni_ray import build_omni_app
 
-    disagg = {"timeouts": {**TIMEOUTS, "prefill_s": 60.0}, "fallback": "local_prefill",
+    # Bounds that only a real failure reaches, not a stall of this shared 2-core machine under
+    # others' load (transfer_s 3 s made the happy path fall back; see the hand-off test).
+    disagg = {"timeouts": {**TIMEOUTS, "prefill_s": 60.0, "transfer_s": 10.0},
+              "fallback": "local_prefill",
               "prefill": VLLM, "decode": VLLM}
     serve.run(build_omni_app(_args(tiny_model_dir, thinker_disaggregation=disagg)),
               name=f"{APP}-vllm", route_prefix="/kv-vllm")
@@ -57,12 +60,17 @@ def test_vllm_to_vllm_hand_off_gives_the_same_answer(vllm_kv_url, reference, mod
     before = kv_counts(vllm_kv_url)
     same_answer(ask(vllm_kv_url, modalities, stream), reference[(modalities, stream)])
     after = kv_counts(vllm_kv_url)
-    # Fallbacks first: a hand-off that failed (e.g. a step past its bound on a loaded machine)
-    # still gives the right answer, and kv_released alone cannot say why it did not move.
+    last = stats(vllm_kv_url)["kv_ingress"]["recent"][-1]  # this request's hand-off
+    print(f"\nhand-off: " + ", ".join(f"{k} {last[k] * 1e3:.0f} ms" for k in (
+        "prefill_s", "save_s", "decode_open_s", "fetch_s", "load_s") if last[k] is not None))
+    # No lag: the ingress counts a hand-off (released, or failed + fallback) before the request's
+    # first token. A right answer with kv_released unchanged (issue 18 item 12) is a hand-off
+    # that failed and fell back to a local prefill; the bound most likely hit was the KV fetch's
+    # transfer_s, 3 s here then (the smallest on the path; the steps take 10-120 ms at load 10-20,
+    # and this machine sees load averages of 30-190). The vLLM app now has 10 s.
     assert after["kv_fallbacks"] == before["kv_fallbacks"], (
-        "the hand-off fell back to a local prefill; the ingress log says at which state: "
-        f"{before} -> {after}")
-    assert after["kv_released"] == before["kv_released"] + 1, (before, after)
+        f"the hand-off fell back to a local prefill: {last}; {before} -> {after}")
+    assert after["kv_released"] == before["kv_released"] + 1, (before, after, last)
     assert wait_clean(vllm_kv_url) == {}
 
 
