@@ -1,10 +1,11 @@
 """Offline pipeline: the three stages in one process, driven step by step.
 
 ``Omni(model=DIR, mode="sync"|"async_chunk").generate(requests)`` runs thinker, talker and
-code2wav with the same runners and chunking as the Serve app; chunks cross stages through the wire
-codec (``transport.local``). In sync mode each stage sees a request only once the previous stage
-finished it; in async_chunk the talker starts on the thinker's first tokens and code2wav decodes
-codec chunks as they arrive.
+code2wav with the same runners and the same stage logic as the Serve app: ``Omni`` builds the
+runners and hands them to the local driver (``pipeline/local.py``), which steps the stage logics
+and routes their chunks through the wire codec (``transport.local``). In sync mode each stage sees
+a request only once the previous stage finished it; in async_chunk the talker starts on the
+thinker's first tokens and code2wav decodes codec chunks as they arrive.
 """
 
 from __future__ import annotations
@@ -18,15 +19,12 @@ import torch
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.request import OmniRequest
 from omni_ray.inputs.processor import InputProcessor
-from omni_ray.models.loading import load_omni_config, load_stage
+from omni_ray.models.loading import load_omni_config
 from omni_ray.models.tokenizer import encode_chat, load_tokenizer
 from omni_ray.payload import FinishReason
-from omni_ray.runners.chunking import CodecChunker, ThinkerChunker
-from omni_ray.runners.code2wav import Code2WavRunner
-from omni_ray.runners.factory import make_talker_runner, make_thinker_runner
-from omni_ray.transport.local import send_local
-
-SAMPLE_RATE = 24000
+from omni_ray.pipeline.build import make_runner, wrap_runner
+from omni_ray.pipeline.code2wav import SAMPLE_RATE
+from omni_ray.pipeline.local import LocalPipeline, LocalResult
 
 
 @dataclass
@@ -57,26 +55,6 @@ class OmniOutput:
         )
 
 
-@dataclass
-class _Track:
-    """Per-request bookkeeping in the driver."""
-
-    req: OmniRequest
-    t0: float
-    thinker_chunker: ThinkerChunker
-    codec_chunker: CodecChunker | None
-    text_ids: list[int] = field(default_factory=list)
-    reason: FinishReason = FinishReason.NONE
-    frames: list[torch.Tensor] = field(default_factory=list)
-    audio: list[torch.Tensor] = field(default_factory=list)
-    text_done: bool = False
-    talker_done: bool = False
-    audio_done: bool = False
-    ttft: float | None = None
-    ttfa: float | None = None
-    error: str | None = None
-
-
 class Omni:
     """The offline pipeline over a local Qwen3-Omni checkpoint."""
 
@@ -93,16 +71,16 @@ class Omni:
         self.model_dir = Path(model)
         self.pipeline = (pipeline or PipelineConfig()).model_copy(update={"mode": mode})
         self._injected_thinker = thinker_runner
-        self.thinker = (thinker_runner if thinker_runner is not None else make_thinker_runner(
-            thinker_backend, model, device, dtype, max_num_seqs, thinker_engine_kwargs))
+        common = dict(pipeline=self.pipeline, device=device, dtype=dtype,
+                      max_num_seqs=max_num_seqs)
+        self.thinker = (thinker_runner if thinker_runner is not None else make_runner(
+            "thinker", model, backend=thinker_backend, engine_kwargs=thinker_engine_kwargs,
+            **common))
         self.talker = self.code2wav = None
         if audio:
-            self.talker = make_talker_runner(talker_backend, model, device, dtype, max_num_seqs,
-                                             talker_engine_kwargs)
-            cw = load_stage(model, "code2wav", device, dtype)
-            self.code2wav = Code2WavRunner(cw.module, mode=self.pipeline.code2wav_mode,
-                                           left_context_frames=self.pipeline.left_context_frames,
-                                           device=device)
+            self.talker = make_runner("talker", model, backend=talker_backend,
+                                      engine_kwargs=talker_engine_kwargs, **common)
+            self.code2wav = make_runner("code2wav", model, **common)
         cfg = self.talker.cfg if audio else load_omni_config(model)
         self.config = cfg
         self.tokenizer = load_tokenizer(model)
@@ -136,98 +114,24 @@ class Omni:
         ids = [r.request_id for r in reqs]
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate request ids in one generate() call: {ids}")
-        tracks: dict[str, _Track] = {}
-        now = time.perf_counter()
-        try:
-            # A request a runner rejects (unknown speaker, ...) must not leave the others, or its
-            # own half-registered state, behind in the runners: the except clause clears them all.
-            for r in reqs:
-                tracks[r.request_id] = self._add(r, now)
-            while not all(t.text_done and t.audio_done for t in tracks.values()):
-                progressed = self._thinker_step(tracks)
-                progressed |= self._talker_step(tracks)
-                if not progressed:
-                    raise RuntimeError("pipeline stalled: no stage can make progress")
-        except BaseException:
-            for rid in ids:
-                for runner in (self.thinker, self.talker, self.code2wav):
-                    if runner is not None:
-                        runner.abort(rid)
-            raise
-        return [self._output(tracks[r.request_id]) for r in reqs]
+        return [self._output(res) for res in self.local_pipeline().run(reqs)]
 
-    def _add(self, r: OmniRequest, now: float) -> _Track:
-        """Register ``r`` with every stage it needs; returns its driver-side track."""
-        p = self.pipeline
-        mm = {"mm": r.mm} if r.mm is not None else {}
-        self.thinker.add_request(r.request_id, r.prompt_token_ids, r.thinker_sampling,
-                                 r.max_tokens, list(r.stop_token_ids), **mm)
-        chunker = None
-        if r.wants_audio:
-            self.talker.add_request(r.request_id, r.speaker, r.talker_sampling,
-                                    r.max_audio_frames)
-            self.code2wav.add_request(r.request_id)
-            chunker = CodecChunker(r.request_id, p.mode, p.initial_chunk_frames, p.chunk_frames,
-                                   self.groups)
-        return _Track(r, now, ThinkerChunker(r.request_id, r.prompt_token_ids, p.mode), chunker,
-                      audio_done=not r.wants_audio)
+    def local_pipeline(self) -> LocalPipeline:
+        """A local driver over this ``Omni``'s runners, as ``pipeline`` says now (tests and
+        benchmarks replace ``pipeline`` or a runner between calls)."""
+        runners = [("thinker", self.thinker), ("talker", self.talker), ("code2wav", self.code2wav)]
+        return LocalPipeline([wrap_runner(stage, runner, self.pipeline)
+                              for stage, runner in runners if runner is not None])
 
-    # 1) Thinker: one token per running request; text to the caller, chunks to the talker.
-    def _thinker_step(self, tracks: dict[str, _Track]) -> bool:
-        if not self.thinker.has_unfinished():
-            return False
-        for out in self.thinker.step():
-            t = tracks[out.request_id]
-            if t.ttft is None:
-                t.ttft = time.perf_counter() - t.t0
-            t.text_ids.extend(out.new_token_ids)
-            if out.finished:
-                t.text_done, t.reason = True, out.finish_reason
-            if getattr(out, "error", None):
-                t.error = t.error or f"thinker: {out.error}"
-            if not t.req.wants_audio or t.talker_done:
-                continue  # text only, or the talker already finished (e.g. max_audio_frames)
-            if out.mm is not None:
-                t.thinker_chunker.set_mm(out.mm.hidden, out.mm.image_grid_thw,
-                                         out.mm.audio_feature_lengths)
-            for chunk in t.thinker_chunker.add(out.new_token_ids, out.finished, out.finish_reason):
-                c = send_local(chunk)
-                self.talker.push_text(c.request_id, c.token_ids, c.finished, c.prompt_token_ids,
-                                      c.mm_hidden, c.image_grid_thw, c.audio_feature_lengths)
-        return True
-
-    # 2) Talker: one frame per ready request; codec chunks to code2wav, decoded on arrival.
-    def _talker_step(self, tracks: dict[str, _Track]) -> bool:
-        if self.talker is None or not self.talker.has_ready():
-            return False
-        for out in self.talker.step():
-            t = tracks[out.request_id]
-            t.talker_done = t.talker_done or out.finished
-            if out.error:
-                t.error = t.error or f"talker: {out.error}"
-            for chunk in t.codec_chunker.add(out.frames, out.finished, out.finish_reason):
-                self._vocode(t, send_local(chunk))
-        return True
-
-    # 3) Code2wav: a chunk in, a waveform piece out.
-    def _vocode(self, t: _Track, chunk) -> None:
-        t.frames.append(chunk.codes)
-        _, piece = self.code2wav.decode(chunk.request_id, chunk.codes)
-        if piece.numel() and t.ttfa is None:
-            t.ttfa = time.perf_counter() - t.t0
-        t.audio.append(piece)
-        if chunk.finished:
-            self.code2wav.finish(chunk.request_id)
-            t.audio_done = True
-
-    def _output(self, t: _Track) -> OmniOutput:
-        frames = (torch.cat(t.frames) if t.frames
+    def _output(self, res: LocalResult) -> OmniOutput:
+        frames = (torch.cat(res.codes) if res.codes
                   else torch.empty((0, self.groups), dtype=torch.long))
-        audio = torch.cat(t.audio) if t.audio else torch.empty(0)
+        audio = torch.cat(res.audio) if res.audio else torch.empty(0)
         return OmniOutput(
-            request_id=t.req.request_id,
-            text=self.tokenizer.decode(t.text_ids, skip_special_tokens=True),
-            text_token_ids=t.text_ids, finish_reason=t.reason, codec_frames=frames, audio=audio,
-            audio_pieces=[p.numel() for p in t.audio], time_to_first_token=t.ttft,
-            time_to_first_audio=t.ttfa, latency=time.perf_counter() - t.t0, error=t.error,
+            request_id=res.request.request_id,
+            text=self.tokenizer.decode(res.text_ids, skip_special_tokens=True),
+            text_token_ids=res.text_ids, finish_reason=res.finish_reason, codec_frames=frames,
+            audio=audio, audio_pieces=[p.numel() for p in res.audio],
+            time_to_first_token=res.ttft, time_to_first_audio=res.ttfa,
+            latency=time.perf_counter() - res.t0, error=res.error,
         )

@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from omni_ray.config.request import WARMUP_ID_PREFIX, OmniRequest
 from omni_ray.metrics import EngineMetrics
 from omni_ray.payload import decode_chunk, encode_chunk
-from omni_ray.stages.logic import Emit, StageRequestError, build_stage_logic
-from omni_ray.timeline import Timeline
+from omni_ray.pipeline.build import build_stage_logic
+from omni_ray.pipeline.emit import Emit, StageRequestError
+from omni_ray.stages.gpu_start import gpu_start_turn
 from omni_ray.stages.tombstones import Tombstones
+from omni_ray.timeline import Timeline
 from omni_ray.transport.ray_push import ChunkSender, Reorderer
 
 _END = object()
@@ -53,8 +55,10 @@ class StageEngine:
     def __init__(self, stage: str, model_dir: str, stage_cfg, pipeline, max_model_len: int = 8192):
         self.stage = stage
         self.pipeline = pipeline
-        self.logic = build_stage_logic(stage, model_dir, stage_cfg, pipeline, max_model_len,
-                                       kv_transfer=self.kv_transfer)
+        # On a GPU the load waits for its turn: starts sharing a GPU never overlap.
+        with gpu_start_turn(stage_cfg.device, stage):
+            self.logic = build_stage_logic(stage, model_dir, stage_cfg, pipeline, max_model_len,
+                                           kv_transfer=self.kv_transfer)
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._reqs: dict[str, _ReqState] = {}
         self._aborted = Tombstones()  # aborts that came before their request

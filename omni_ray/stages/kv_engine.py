@@ -23,9 +23,9 @@ from omni_ray.config.serving import KVTimeouts
 from omni_ray.kv_lifecycle import KVLoadError, KVState, KVTransferError
 from omni_ray.metrics import EngineMetrics
 from omni_ray.payload import KVChunk
+from omni_ray.pipeline.emit import StageRequestError
+from omni_ray.pipeline.kv import DecodeThinkerLogic, PrefillLogic
 from omni_ray.stages.engine import StageEngine, _ReqState
-from omni_ray.stages.kv_logic import DecodeThinkerLogic, PrefillLogic
-from omni_ray.stages.logic import StageRequestError
 from omni_ray.transport.kv_ref import KVProgress, fetch_kv, put_kv
 from omni_ray.transport.ray_push import ChunkSender
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.serving import OmniServingArgs
 from omni_ray.kv_lifecycle import KVState
-from omni_ray.stages.logic import StageRequestError
+from omni_ray.pipeline.emit import StageRequestError
 from omni_ray.stages.server import StageServer
 
 

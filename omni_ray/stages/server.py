@@ -22,7 +22,7 @@ import logging
 from omni_ray.config.request import STANDBY_WARMUP_ID_PREFIX, WARMUP_ID_PREFIX, OmniRequest
 from omni_ray.config.serving import OmniServingArgs
 from omni_ray.exceptions import EngineUnavailable
-from omni_ray.stages.logic import StageRequestError
+from omni_ray.pipeline.emit import StageRequestError
 from omni_ray.stages.supervisor import EngineState, EngineSupervisor
 
 logger = logging.getLogger("ray.serve")

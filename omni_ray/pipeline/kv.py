@@ -8,13 +8,17 @@ request from a transferred KV. Both run on their engine's loop thread.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from omni_ray.config.request import OmniRequest
 from omni_ray.kv_lifecycle import KVExtractError, KVLoadError
 from omni_ray.payload import KVChunk
-from omni_ray.runners.chunking import ThinkerChunker
-from omni_ray.runners.kv import Prefilled
-from omni_ray.stages.logic import StageLogic, ThinkerLogic
+from omni_ray.pipeline.contracts import KVThinkerRunnerProtocol
+from omni_ray.pipeline.emit import StageLogic
+from omni_ray.pipeline.thinker import ThinkerLogic
+
+if TYPE_CHECKING:
+    from omni_ray.runners.kv import Prefilled
 
 
 @dataclass
@@ -28,7 +32,7 @@ class PrefillLogic(StageLogic):
 
     stage = "thinker_prefill"
 
-    def __init__(self, runner):
+    def __init__(self, runner: KVThinkerRunnerProtocol):
         self.runner = runner
         self._held: dict[str, _Held] = {}
 
@@ -66,9 +70,14 @@ class PrefillLogic(StageLogic):
     def num_requests(self) -> int:
         return len(self._held)
 
+    def request_ids(self) -> list[str]:
+        return sorted(self._held)
+
 
 class DecodeThinkerLogic(ThinkerLogic):
     """``ThinkerLogic`` that can also start a request from a transferred KV."""
+
+    runner: KVThinkerRunnerProtocol
 
     stage = "thinker_decode"
 
@@ -91,6 +100,4 @@ class DecodeThinkerLogic(ThinkerLogic):
         except Exception as e:
             self.runner.abort(rid)
             raise KVLoadError(f"{type(e).__name__}: {e}") from e
-        self._chunkers[rid] = (ThinkerChunker(rid, req.prompt_token_ids, self.pipeline.mode)
-                               if has_downstream else None)
-        self._seq[rid] = 0
+        self._track(req, has_downstream)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omni_ray.payload import FinishReason
-from omni_ray.runners.chunking import CodecChunker, ThinkerChunker
+from omni_ray.pipeline.chunking import CodecChunker, ThinkerChunker
 
 MODES = ("sync", "async_chunk")
 REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT)

@@ -1,0 +1,77 @@
+"""Thinker stage logic: text deltas to the caller, ``ThinkerChunk``s to the talker."""
+
+from __future__ import annotations
+
+from omni_ray.config.pipeline import PipelineConfig
+from omni_ray.config.request import OmniRequest
+from omni_ray.payload import TextDelta
+from omni_ray.pipeline.chunking import ThinkerChunker
+from omni_ray.pipeline.contracts import ThinkerRunnerProtocol
+from omni_ray.pipeline.emit import Emit, StageLogic
+
+
+class ThinkerLogic(StageLogic):
+    stage = "thinker"
+
+    def __init__(self, runner: ThinkerRunnerProtocol, pipeline: PipelineConfig):
+        self.runner = runner
+        self.pipeline = pipeline
+        self._chunkers: dict[str, ThinkerChunker | None] = {}
+        self._seq: dict[str, int] = {}
+        self._fail: set[str] = set()
+
+    def add(self, req: OmniRequest, has_downstream: bool) -> None:
+        if req.mm is not None:
+            self.runner.add_request(req.request_id, req.prompt_token_ids, req.thinker_sampling,
+                                    req.max_tokens, list(req.stop_token_ids), mm=req.mm)
+        else:
+            self.runner.add_request(req.request_id, req.prompt_token_ids, req.thinker_sampling,
+                                    req.max_tokens, list(req.stop_token_ids))
+        self._track(req, has_downstream)
+
+    def _track(self, req: OmniRequest, has_downstream: bool) -> None:
+        """Start the request's bookkeeping here (its runner already holds it)."""
+        self._chunkers[req.request_id] = (
+            ThinkerChunker(req.request_id, req.prompt_token_ids, self.pipeline.mode)
+            if has_downstream else None)
+        self._seq[req.request_id] = 0
+
+    def has_work(self) -> bool:
+        return self.runner.has_unfinished()
+
+    def step(self) -> list[Emit]:
+        emits = [self._fault(rid) for rid in list(self._fail)]
+        outs = self.runner.step()
+        self.last_batch_size = len(outs)
+        for out in outs:
+            rid = out.request_id
+            seq = self._seq[rid]
+            self._seq[rid] = seq + 1
+            if out.error:
+                emits.append(self._error_emit(rid, out.error))
+                continue
+            delta = TextDelta(request_id=rid, seq=seq, token_ids=out.new_token_ids,
+                              finished=out.finished, finish_reason=out.finish_reason,
+                              num_prompt_tokens=out.num_prompt_tokens)
+            emits.append(Emit(rid, "out", delta, out.finished))
+            chunker = self._chunkers[rid]
+            if chunker is not None:
+                if out.mm is not None:
+                    chunker.set_mm(out.mm.hidden, out.mm.image_grid_thw,
+                                   out.mm.audio_feature_lengths)
+                for c in chunker.add(out.new_token_ids, out.finished, out.finish_reason):
+                    emits.append(Emit(rid, "down", c, c.finished))
+            if out.finished:
+                self._forget(rid)
+        return emits
+
+    def _forget(self, rid: str) -> None:
+        self._chunkers.pop(rid, None)
+        self._seq.pop(rid, None)
+        self._fail.discard(rid)
+
+    def num_requests(self) -> int:
+        return max(self.runner.num_requests, len(self._seq))
+
+    def request_ids(self) -> list[str]:
+        return sorted(set(self._seq) | set(self._chunkers) | self._fail)
