@@ -38,11 +38,24 @@ class StageLogic:
 
     def add(self, req: OmniRequest, has_downstream: bool) -> None: ...
     def on_chunk(self, chunk) -> list[Emit]: return []
-    def step(self) -> list[Emit]: return []
     def has_work(self) -> bool: return False
     def num_requests(self) -> int: return 0
     def request_ids(self) -> list[str]: return []
     def _forget(self, rid: str) -> None: ...
+    def _on_output(self, out) -> list[Emit]: return []
+
+    def step(self) -> list[Emit]:
+        """Injected faults, then one runner step: a failed request's output becomes its error
+        emit, every other output goes to ``_on_output`` (the stage's routing)."""
+        emits = [self._fault(rid) for rid in list(self._fail)]
+        outs = self.runner.step()
+        self.last_batch_size = len(outs)
+        for out in outs:
+            if out.error:
+                emits.append(self._error_emit(out.request_id, out.error))
+            else:
+                emits.extend(self._on_output(out))
+        return emits
 
     # Shared by every stage: fault injection, per-request errors, abort.
     def fail_next_step(self, request_id: str) -> None:

@@ -44,20 +44,13 @@ class TalkerLogic(StageLogic):
     def has_work(self) -> bool:
         return bool(self._fail) or self.runner.has_ready()
 
-    def step(self) -> list[Emit]:
-        emits = [self._fault(rid) for rid in list(self._fail)]
-        outs = self.runner.step()
-        self.last_batch_size = len(outs)
-        for out in outs:
-            rid = out.request_id
-            if out.error:
-                emits.append(self._error_emit(rid, out.error))
-                continue
-            for c in self._chunkers[rid].add(out.frames, out.finished, out.finish_reason):
-                emits.append(Emit(rid, "down", c, c.finished))
-            if out.finished:
-                emits.append(Emit(rid, "out", None, True))
-                self._forget(rid)
+    def _on_output(self, out) -> list[Emit]:
+        rid = out.request_id
+        emits = [Emit(rid, "down", c, c.finished)
+                 for c in self._chunkers[rid].add(out.frames, out.finished, out.finish_reason)]
+        if out.finished:
+            emits.append(Emit(rid, "out", None, True))
+            self._forget(rid)
         return emits
 
     def _forget(self, rid: str) -> None:

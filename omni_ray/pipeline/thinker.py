@@ -39,30 +39,22 @@ class ThinkerLogic(StageLogic):
     def has_work(self) -> bool:
         return self.runner.has_unfinished()
 
-    def step(self) -> list[Emit]:
-        emits = [self._fault(rid) for rid in list(self._fail)]
-        outs = self.runner.step()
-        self.last_batch_size = len(outs)
-        for out in outs:
-            rid = out.request_id
-            seq = self._seq[rid]
-            self._seq[rid] = seq + 1
-            if out.error:
-                emits.append(self._error_emit(rid, out.error))
-                continue
-            delta = TextDelta(request_id=rid, seq=seq, token_ids=out.new_token_ids,
-                              finished=out.finished, finish_reason=out.finish_reason,
-                              num_prompt_tokens=out.num_prompt_tokens)
-            emits.append(Emit(rid, "out", delta, out.finished))
-            chunker = self._chunkers[rid]
-            if chunker is not None:
-                if out.mm is not None:
-                    chunker.set_mm(out.mm.hidden, out.mm.image_grid_thw,
-                                   out.mm.audio_feature_lengths)
-                for c in chunker.add(out.new_token_ids, out.finished, out.finish_reason):
-                    emits.append(Emit(rid, "down", c, c.finished))
-            if out.finished:
-                self._forget(rid)
+    def _on_output(self, out) -> list[Emit]:
+        rid = out.request_id
+        seq = self._seq[rid]
+        self._seq[rid] = seq + 1
+        delta = TextDelta(request_id=rid, seq=seq, token_ids=out.new_token_ids,
+                          finished=out.finished, finish_reason=out.finish_reason,
+                          num_prompt_tokens=out.num_prompt_tokens)
+        emits = [Emit(rid, "out", delta, out.finished)]
+        chunker = self._chunkers[rid]
+        if chunker is not None:
+            if out.mm is not None:
+                chunker.set_mm(out.mm.hidden, out.mm.image_grid_thw, out.mm.audio_feature_lengths)
+            for c in chunker.add(out.new_token_ids, out.finished, out.finish_reason):
+                emits.append(Emit(rid, "down", c, c.finished))
+        if out.finished:
+            self._forget(rid)
         return emits
 
     def _forget(self, rid: str) -> None:
