@@ -1,1 +1,2 @@
-"""Serve-side stages: Ray-free stage logic, the engine actor that owns it, the Serve front."""
+"""Serve-side stages: the engine actor that steps the pipeline core's stage logic
+(``omni_ray/pipeline``) and routes it through Ray, and the Serve front (replica, supervisor)."""

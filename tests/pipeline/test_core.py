@@ -7,16 +7,19 @@ No Ray, no model: each test runs in milliseconds. The fakes satisfy the runner c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.request import OmniRequest
+from omni_ray.kv_lifecycle import KVLoadError
 from omni_ray.payload import AudioChunk, CodecChunk, FinishReason, TextDelta, ThinkerChunk
 from omni_ray.pipeline.code2wav import Code2WavLogic
-from omni_ray.pipeline.contracts import (Code2WavRunnerProtocol, TalkerRunnerProtocol,
-                                         ThinkerRunnerProtocol)
+from omni_ray.pipeline.contracts import (Code2WavRunnerProtocol, KVThinkerRunnerProtocol,
+                                         TalkerRunnerProtocol, ThinkerRunnerProtocol)
+from omni_ray.pipeline.kv import DecodeThinkerLogic, PrefillLogic
 from omni_ray.pipeline.local import LocalPipeline
 from omni_ray.pipeline.talker import TalkerLogic
 from omni_ray.pipeline.thinker import ThinkerLogic
@@ -79,6 +82,20 @@ class FakeThinker:
 
     def has_unfinished(self):
         return bool(self.seqs)
+
+    # the KV hand-off (pipeline/kv.py): a "cache" is the prompt itself
+    def prefill_only(self, prompt_ids, params):
+        return SimpleNamespace(first_token=prompt_ids[0] * 100, cache=list(prompt_ids),
+                               num_tokens=len(prompt_ids), rng_state=None, rope_delta=0)
+
+    def extract_kv(self, pre):
+        return torch.tensor(pre.cache, dtype=torch.float32).reshape(1, 1, 1, -1, 1)
+
+    def add_prefilled_kv(self, request_id, prompt_ids, first_token, kv, params, max_tokens,
+                         stop_token_ids=None, *, rng_state=None, rope_delta=0):
+        if kv.flatten().tolist() != list(prompt_ids):
+            raise ValueError("KV of another prompt")
+        self.add_request(request_id, prompt_ids, params, max_tokens, stop_token_ids)
 
     def abort(self, request_id):
         return self.seqs.pop(request_id, None) is not None
@@ -216,6 +233,7 @@ def expected_text(first, tokens):
 
 def test_fakes_satisfy_the_contracts():
     assert isinstance(FakeThinker(), ThinkerRunnerProtocol)
+    assert isinstance(FakeThinker(), KVThinkerRunnerProtocol)
     assert isinstance(FakeTalker(), TalkerRunnerProtocol)
     assert isinstance(FakeCode2Wav(), Code2WavRunnerProtocol)
 
@@ -414,6 +432,47 @@ def test_an_errored_upstream_chunk_fails_the_request_downstream():
                                    codes=torch.empty((0, GROUPS), dtype=torch.long),
                                    finished=True, finish_reason=FinishReason.ERROR))
     assert e.error == "talker failed" and c2w.request_ids() == [] and not c2w.has_work()
+
+
+# -- the disaggregated thinker (pipeline/kv.py) ------------------------------------------------
+def _drain(logic) -> list[tuple]:
+    out = []
+    while logic.has_work():
+        out += [(e.target, type(e.item).__name__, e.item.seq, e.item.token_ids, e.final,
+                 getattr(e.item, "prompt_token_ids", None)) for e in logic.step()]
+    return out
+
+
+def test_a_prefilled_request_decodes_as_the_unsplit_thinker_would():
+    cfg = PipelineConfig()
+    r = req("a", 3, tokens=4)
+    prefill = PrefillLogic(FakeThinker())
+    assert prefill.prefill(r) == 300
+    with pytest.raises(ValueError, match="duplicate"):
+        prefill.prefill(r)
+    chunk = prefill.extract("a")
+    assert prefill.release("a") and not prefill.release("a") and prefill.request_ids() == []
+    decode = DecodeThinkerLogic(FakeThinker(), cfg)
+    decode.add_prefilled(r, True, chunk)
+    whole = ThinkerLogic(FakeThinker(), cfg)
+    whole.add(r, True)
+    assert _drain(decode) == _drain(whole)
+    assert decode.request_ids() == [] and decode.runner.num_requests == 0
+
+
+def test_a_failed_kv_load_leaves_nothing_behind():
+    decode = DecodeThinkerLogic(FakeThinker(), PipelineConfig())
+    prefill = PrefillLogic(FakeThinker())
+    prefill.prefill(req("other", 5))
+    wrong = prefill.extract("other")
+    with pytest.raises(KVLoadError, match="does not match"):
+        decode.add_prefilled(req("a", 3), True, wrong)
+    wrong.request_id = "a"  # same id and length, another prompt: the runner refuses it
+    with pytest.raises(KVLoadError, match="another prompt"):
+        decode.add_prefilled(req("a", 3), True, wrong)
+    with pytest.raises(KVLoadError, match="injected"):
+        decode.add_prefilled(req("a", 5), True, wrong, fail=True)
+    assert decode.request_ids() == [] and decode.runner.num_requests == 0
 
 
 def test_the_core_runs_without_ray():
