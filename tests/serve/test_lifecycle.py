@@ -171,4 +171,6 @@ def test_deployment_handle_streaming(serve_urls):
     assert kinds[-1] == "done" and "text" in kinds and "audio" in kinds
     audio = sum(e["num_samples"] for e in events if e["type"] == "audio")
     assert audio > 0 and (audio + 555) % 1920 == 0  # whole frames, joined exactly
-    assert events[-1]["usage"]["completion_tokens"] == 8
+    details = events[-1]["usage"]["completion_tokens_details"]
+    assert details["text_tokens"] == 8 and details["audio_tokens"] == (audio + 555) // 1920
+    assert events[-1]["usage"]["completion_tokens"] == 8 + details["audio_tokens"]
