@@ -291,13 +291,8 @@ class OmniIngress:
         modalities = tuple(body.modalities or ["text"])
         if len(set(modalities)) != len(modalities):
             raise bad_request("modalities: duplicate entries", "modalities")
-        voice, audio_format = self.args.default_speaker, "wav"
-        if body.audio is not None:
-            voice, audio_format = body.audio.voice, body.audio.format
-        if body.stream and "audio" in modalities and audio_format not in STREAM_AUDIO_FORMATS:
-            raise bad_request(f"audio.format: {audio_format!r} cannot be streamed; streamed answers "
-                              f"carry {' or '.join(STREAM_AUDIO_FORMATS)} pieces (as OpenAI's)",
-                              "audio.format", code="unsupported_value")
+        voice = self.args.default_speaker if body.audio is None else body.audio.voice
+        audio_format = answer_audio_format(body)
         try:
             speaker = resolve_speaker(voice, self.speakers)  # as the CLI: any case
         except ValueError as e:
@@ -625,6 +620,21 @@ class OmniIngress:
         finally:
             stream.close()  # also when the client left before the first event
         yield "data: [DONE]\n\n"
+
+
+def answer_audio_format(body: ChatCompletionRequest) -> str:
+    """The answer's ``audio.format``; streamed answers are pcm16 (the default when the body names
+    none), another format asked for a streamed answer with audio is a 400 naming it."""
+    if not body.stream:
+        return "wav" if body.audio is None else body.audio.format
+    if body.audio is None or "format" not in body.audio.model_fields_set:
+        return STREAM_AUDIO_FORMATS[0]
+    fmt = body.audio.format
+    if "audio" in (body.modalities or ()) and fmt not in STREAM_AUDIO_FORMATS:
+        raise bad_request(f"audio.format: {fmt!r} cannot be streamed; streamed answers carry "
+                          f"{' or '.join(STREAM_AUDIO_FORMATS)} pieces (as OpenAI's)",
+                          "audio.format", code="unsupported_value")
+    return fmt
 
 
 def _media_token_ids(model_dir) -> dict:
