@@ -99,7 +99,7 @@ BAD = [
     ({"model": "nope"}, 404, "model"),
     ({"modalities": ["video"]}, 400, "modalities"),
     ({"audio": {"voice": "darth", "format": "wav"}}, 400, "audio.voice"),
-    ({"audio": {"voice": "ethan", "format": "flac"}}, 400, "audio.format"),
+    ({"audio": {"voice": "ethan", "format": "ogg"}}, 400, "audio.format"),
     ({"messages": []}, 400, "messages"),
     ({"messages": [{"role": "user", "content": ""}]}, 400, "messages.0.content"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),

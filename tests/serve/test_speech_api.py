@@ -203,3 +203,22 @@ def test_transcription_of_a_non_audio_file_is_a_400_naming_file(url):
     with pytest.raises(openai.BadRequestError) as e:
         client(url).audio.transcriptions.create(model=MODEL, file=("x.wav", b"not audio at all"))
     assert e.value.body["param"] == "file"
+
+
+def test_the_speech_example_runs(url, tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "examples" / "speech_client.py"
+    spec = importlib.util.spec_from_file_location("speech_client", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "a.mp3"
+    assert mod.main(["--url", f"{url}/v1", "--format", "mp3", "--out", str(out),
+                     "--max-tokens", "6"]) == 0
+    assert out.read_bytes()[:2] in (b"\xff\xf3", b"\xff\xfb", b"ID")
+    printed = capsys.readouterr().out
+    assert "voices: aiden, chelsie, ethan (using ethan)" in printed and "follow-up:" in printed
+    out = tmp_path / "a.wav"
+    assert mod.main(["--url", f"{url}/v1", "--out", str(out), "--max-tokens", "6"]) == 0
+    assert "transcription of" in capsys.readouterr().out
