@@ -27,7 +27,7 @@ from omni_ray.audio_formats import STREAM_AUDIO_FORMATS, encode_audio
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.config.serving import OmniServingArgs
-from omni_ray.ingress import media, transcribe
+from omni_ray.ingress import media, speech, transcribe
 from omni_ray.ingress.api_models import ChatCompletionRequest, InputAudioPart, TextPart
 from omni_ray.ingress.audio_store import TranscriptStore
 from omni_ray.inputs.processor import InputProcessor
@@ -54,6 +54,7 @@ from omni_ray.ingress.sse_response import SSEResponse
 from omni_ray.metrics import IngressMetrics, RequestStatus, RequestTrack
 from omni_ray.payload import AudioChunk, FinishReason, TextDelta
 from omni_ray.timeline import Timeline
+from omni_ray.ingress.speech import SpeechRequest
 
 logger = logging.getLogger("ray.serve")
 
@@ -160,6 +161,24 @@ class OmniIngress:
         ``uploaded_voices``: none, this server takes no uploads), plus the default voice."""
         return {"voices": list(self.speakers), "uploaded_voices": [],
                 "default": resolve_speaker(self.args.default_speaker, self.speakers)}
+
+    @app.post("/v1/audio/speech")
+    async def speech(self, body: SpeechRequest):
+        """OpenAI's text to speech: the talker voices ``input`` exactly (ingress/speech.py)."""
+        track = self.metrics.track(["audio"])
+        try:
+            req = await self._speech_request(body)
+        except APIError:
+            track.finish(RequestStatus.INVALID, "invalid_request")
+            raise
+        self.timeline.start(req.request_id, "received")
+        stream = await self._open(req, None, track)
+
+        def fail(e: BaseException) -> APIError:
+            logger.warning("request %s failed: %s", req.request_id, type(e).__name__)
+            return APIError(500, f"request {req.request_id} failed: {e}", type="server_error")
+
+        return await speech.response(body, self._events(req, stream, track), fail)
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(self, request: Request):
@@ -281,12 +300,40 @@ class OmniIngress:
             yield ev
 
     # -- internals -------------------------------------------------------------------------------
-    async def _to_request(self, body: ChatCompletionRequest) -> tuple[OmniRequest, str]:
-        lim = self.args.limits
-        if body.model != self.args.model_id:
-            raise APIError(404, f"model {_clip(body.model)!r} not found; this server serves "
+    def _check_model(self, model: str) -> None:
+        if model != self.args.model_id:
+            raise APIError(404, f"model {_clip(model)!r} not found; this server serves "
                                 f"{self.args.model_id!r}", param="model", type="invalid_request_error",
                            code="model_not_found")
+
+    async def _speech_request(self, body: SpeechRequest) -> OmniRequest:
+        """``/v1/audio/speech``'s request: the prompt and the given answer of ``speech_ids``."""
+        from omni_ray.models.tokenizer import speech_ids
+
+        self._check_model(body.model)
+        try:
+            speaker = resolve_speaker(body.voice_name, self.speakers)
+        except ValueError as e:
+            param = "voice" if isinstance(body.voice, str) else "voice.id"
+            raise bad_request(f"{param}: {e}", param) from None
+        prompt, answer = await asyncio.to_thread(speech_ids, self.tokenizer, body.input)
+        lim = self.args.limits
+        if len(answer) > lim.max_tokens:
+            raise bad_request(f"input: {len(answer)} tokens, over limits.max_tokens="
+                              f"{lim.max_tokens}", "input", code="input_too_long")
+        if len(prompt) + len(answer) > self.args.max_model_len:
+            raise bad_request(f"input: {len(prompt) + len(answer)} tokens with its prompt, over "
+                              f"the model's length {self.args.max_model_len}", "input",
+                              code="context_length_exceeded")
+        return OmniRequest(request_id=f"speech-{uuid.uuid4().hex}", prompt_token_ids=prompt,
+                           answer_token_ids=answer, modalities=("text", "audio"),
+                           speaker=speaker, max_tokens=len(answer),
+                           max_audio_frames=body.frames(len(answer), lim.max_audio_frames),
+                           talker_sampling=self.args.talker.default_sampling or SamplingParams())
+
+    async def _to_request(self, body: ChatCompletionRequest) -> tuple[OmniRequest, str]:
+        lim = self.args.limits
+        self._check_model(body.model)
         check_request_cost(body, lim)  # before any decoding or tokenizing
         modalities = tuple(body.modalities or ["text"])
         if len(set(modalities)) != len(modalities):
