@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from typing import Literal
 
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from omni_ray.audio_formats import API_AUDIO_FORMATS, encode_audio
 
@@ -72,12 +72,13 @@ class SpeechRequest(BaseModel):
             raise ValueError("not supported (the talker takes no voice instructions)")
         return v
 
-    @model_validator(mode="after")
-    def _sse_is_pcm(self) -> "SpeechRequest":
-        if self.stream_format == "sse" and self.response_format != "pcm":
-            raise ValueError("response_format: stream_format 'sse' sends pcm deltas; use "
-                             "response_format 'pcm' (or stream_format 'audio')")
-        return self
+    @field_validator("stream_format")
+    @classmethod
+    def _sse_is_pcm(cls, v: str, info: ValidationInfo) -> str:
+        if v == "sse" and info.data.get("response_format", "pcm") != "pcm":
+            raise ValueError("'sse' sends base64 pcm deltas: use response_format 'pcm' with it "
+                             "(or stream_format 'audio')")
+        return v
 
     @property
     def voice_name(self) -> str:

@@ -107,7 +107,7 @@ def test_default_mp3_decodes(serve_urls, reference):
     ({"voice": {"id": "no-such-voice"}}, "voice.id"),
     ({"input": "   "}, "input"),
     ({"input": "x" * 4097}, "input"),
-    ({"response_format": "mp3", "stream_format": "sse"}, "response_format"),
+    ({"response_format": "mp3", "stream_format": "sse"}, "stream_format"),
     ({"response_format": "ogg"}, "response_format"),
     ({"volume": 2}, "volume"),
     ({"model": "gpt-4o-mini-tts"}, "model"),
