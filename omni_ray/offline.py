@@ -98,6 +98,15 @@ class Omni:
         ids, mm = self.inputs.build(messages, raw_media=getattr(self.thinker, "needs_raw_media", False))
         return OmniRequest(request_id=request_id, prompt_token_ids=ids, mm=mm, **fields)
 
+    def speech_request(self, text: str, request_id: str = "speech", **fields) -> OmniRequest:
+        """Text to speech: an ``OmniRequest`` whose answer is ``text`` itself (the thinker does not
+        generate; models/tokenizer.py ``speech_ids``), as ``/v1/audio/speech`` builds it."""
+        from omni_ray.models.tokenizer import speech_ids
+
+        prompt, answer = speech_ids(self.tokenizer, text)
+        return OmniRequest(request_id=request_id, prompt_token_ids=prompt,
+                           answer_token_ids=answer, **fields)
+
     def shutdown(self) -> None:
         """Stop the vLLM engines (if any) together: in-process vLLM engines share the process's
         parallel state, which the first engine shutdown tears down for all of them."""

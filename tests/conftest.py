@@ -67,3 +67,14 @@ def ray_cluster():
              object_store_memory=256 << 20, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def serve_base_url(ray_cluster, get_free_port) -> str:
+    """Serve started once on a free port; apps add their own route prefix to this URL (one Serve
+    per cluster: a second ``serve.start`` with other HTTP options would be ignored)."""
+    from ray import serve
+
+    port = get_free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    return f"http://127.0.0.1:{port}"

@@ -67,12 +67,14 @@ def _stateful_available() -> bool:
 EXACT = {
     "window-full-context": PipelineConfig(code2wav_mode="window", left_context_frames=MAX_FRAMES),
     "stateful": PipelineConfig(code2wav_mode="stateful"),
+    "stateful-ramp": PipelineConfig(code2wav_mode="stateful", initial_chunk_frames=1,
+                                    ramp_chunks=True),
 }
 
 
 @pytest.fixture(scope="module", params=list(EXACT))
 def exact_async(request, tiny_model_dir, sync_outputs):
-    if request.param == "stateful" and not _stateful_available():
+    if request.param.startswith("stateful") and not _stateful_available():
         pytest.skip("omni_ray.runners.code2wav_stream.StreamingCode2Wav is not there yet")
     return request.param, _async_outputs(tiny_model_dir, sync_outputs, EXACT[request.param])
 
@@ -95,7 +97,12 @@ def _check_same_stream(a, s, pipeline: PipelineConfig):
     first = pipeline.initial_chunk_frames
     if n > first:
         assert a.audio_pieces[0] == first * SPF - TAIL
-        assert a.audio_pieces[1:-1] == [pipeline.chunk_frames * SPF] * (len(a.audio_pieces) - 2)
+        sizes, want = [], first  # frames per chunk after the first, written out
+        for _ in a.audio_pieces[1:-1]:
+            want = min(2 * want, pipeline.chunk_frames) if pipeline.ramp_chunks else \
+                pipeline.chunk_frames
+            sizes.append(want * SPF)
+        assert a.audio_pieces[1:-1] == sizes
 
 
 @pytest.mark.parametrize("name", [*PROMPTS, "stop-token"])

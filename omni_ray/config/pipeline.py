@@ -17,7 +17,7 @@ class PipelineConfig(BaseModel):
     * ``sync``: a stage starts a request when the previous stage finished it (one chunk per edge).
     * ``async_chunk``: the talker starts on the thinker's first tokens; code2wav decodes codec
       chunks as they arrive: ``initial_chunk_frames`` first (small, for a fast first audio), then
-      every ``chunk_frames``.
+      every ``chunk_frames`` (with ``ramp_chunks``: doubling from the first up to ``chunk_frames``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -25,6 +25,8 @@ class PipelineConfig(BaseModel):
     mode: Mode = DEFAULT_MODE
     initial_chunk_frames: int = Field(4, ge=1, le=1000)
     chunk_frames: int = Field(25, ge=1, le=1000)
+    ramp_chunks: bool = Field(False, description="chunks after the first double up to "
+                                                 "chunk_frames (1, 2, 4, ... frames)")
     code2wav_mode: Literal["window", "stateful"] = Field(
         DEFAULT_CODE2WAV_MODE,
         description="stateful: carry attention/conv state, exact for any chunking (default); "

@@ -35,6 +35,10 @@ class OmniRequest(BaseModel):
     talker_sampling: SamplingParams = TALKER_GREEDY
     # audio / image inputs of the prompt (the thinker's encoders read them); None for text only
     mm: MultiModalInputs | None = None
+    # the thinker's answer given instead of generated (text to speech): the thinker stage emits
+    # these ids as its answer without a model step, the talker and code2wav voice them. End them
+    # with the stop token (the thinker's last token is never spoken: runners/talker_inputs.py).
+    answer_token_ids: list[int] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _check(self) -> "OmniRequest":
@@ -42,6 +46,8 @@ class OmniRequest(BaseModel):
             raise ValueError(f"modalities must be a non-empty set of text/audio, got {self.modalities}")
         if self.mm is not None:
             self.mm.validate()
+            if self.answer_token_ids is not None:  # the talker needs the thinker's hidden states
+                raise ValueError("answer_token_ids cannot go with audio/image inputs")
         return self
 
     def without_media(self) -> "OmniRequest":

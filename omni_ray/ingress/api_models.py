@@ -87,20 +87,28 @@ ContentPart = Annotated[
 Json = Any  # a JSON value whose shape this server does not read (refused unless a no-op)
 
 
+class AssistantAudio(Strict):
+    """An earlier spoken answer, by the ``audio.id`` this server gave it (multi-turn)."""
+
+    id: str
+
+
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: Text | list[ContentPart] | None = None
     name: str | None = Field(None, description="accepted and ignored")
-    # Assistant turns with tool calls or audio references need features this server lacks.
+    # Assistant turns with tool calls need features this server lacks.
     tool_calls: Unsupported(list[Json], []) = None
     function_call: Unsupported(Json) = None
-    audio: Unsupported(Json) = None
+    audio: AssistantAudio | None = Field(None, description="assistant turns: an earlier spoken "
+                                         "answer's id; its transcript becomes the turn's text")
     refusal: str | None = Field(None, description="accepted and ignored")
 
 
 class AudioParams(Strict):
     voice: str
-    format: Literal["wav", "pcm16"] = "wav"
+    format: Literal["wav", "mp3", "flac", "opus", "aac", "pcm16"] = Field(
+        "wav", description="streamed answers: pcm16 only")
 
 
 class StreamOptions(Strict):

@@ -1,7 +1,8 @@
 """The OpenAI-compatible ingress deployment (FastAPI).
 
 Routes: ``POST /v1/chat/completions`` (text and/or audio out, streaming or not),
-``GET /v1/models``, ``GET /health``, ``GET /debug/stats`` (off unless enabled). Python callers
+``POST /v1/audio/transcriptions``, ``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health``,
+``GET /debug/stats`` (off unless enabled). Python callers
 use ``generate`` through a ``DeploymentHandle`` (``handle.options(stream=True)``).
 """
 
@@ -22,11 +23,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from omni_ray.audio_formats import STREAM_AUDIO_FORMATS, encode_audio
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.config.serving import OmniServingArgs
-from omni_ray.ingress import media
+from omni_ray.ingress import media, speech, transcribe
 from omni_ray.ingress.api_models import ChatCompletionRequest, InputAudioPart, TextPart
+from omni_ray.ingress.audio_store import TranscriptStore
 from omni_ray.inputs.processor import InputProcessor
 from omni_ray.ingress.detok import Detokenizer
 from omni_ray.ingress.errors import (
@@ -51,6 +54,7 @@ from omni_ray.ingress.sse_response import SSEResponse
 from omni_ray.metrics import IngressMetrics, RequestStatus, RequestTrack
 from omni_ray.payload import AudioChunk, FinishReason, TextDelta
 from omni_ray.timeline import Timeline
+from omni_ray.ingress.speech import SpeechRequest
 
 logger = logging.getLogger("ray.serve")
 
@@ -66,6 +70,9 @@ app.add_exception_handler(Exception, unhandled_error_handler)
 app.add_middleware(GuardMiddleware)
 
 RETRY_AFTER_S = 1  # Retry-After when a stage's backpressure_config sets none
+# One audio token = one codec frame of the talker = 80 ms of 24 kHz audio (code2wav upsamples a
+# frame to 1920 samples); usage counts the answer's frames from its length (docs/api.md).
+AUDIO_TOKEN_SAMPLES = 1920
 # A stage that does not answer /health's readiness call in this is not ready (while its replica
 # starts, Serve holds the call until it runs: /health must not wait for that).
 HEALTH_TIMEOUT_S = 2.0
@@ -87,6 +94,8 @@ class OmniIngress:
         self.tokenizer = load_tokenizer(model_dir)
         self.inputs = InputProcessor(model_dir, self.tokenizer)
         self.speakers = checkpoint_speakers(model_dir)
+        self.media_token_ids = _media_token_ids(model_dir)  # usage's prompt_tokens_details
+        self.transcripts = TranscriptStore()  # audio.id -> transcript (multi-turn)
         self.client = PipelineClient(thinker, talker, code2wav)
         self.stage_handles = dict(thinker=thinker, talker=talker, code2wav=code2wav)
         if self.args.disaggregated:
@@ -145,6 +154,48 @@ class OmniIngress:
             entry["omni_ray"] = {"dummy_weights": True, "shape": self.dummy.get("shape"),
                                  "seed": self.dummy.get("seed")}
         return {"object": "list", "data": [entry]}
+
+    @app.get("/v1/audio/voices")
+    async def voices(self) -> dict:
+        """The checkpoint's speakers, as vLLM-Omni answers this route (``voices``: names;
+        ``uploaded_voices``: none, this server takes no uploads), plus the default voice."""
+        return {"voices": list(self.speakers), "uploaded_voices": [],
+                "default": resolve_speaker(self.args.default_speaker, self.speakers)}
+
+    @app.post("/v1/audio/speech")
+    async def speech(self, body: SpeechRequest):
+        """OpenAI's text to speech: the talker voices ``input`` exactly (ingress/speech.py)."""
+        track = self.metrics.track(["audio"])
+        try:
+            req = await self._speech_request(body)
+        except APIError:
+            track.finish(RequestStatus.INVALID, "invalid_request")
+            raise
+        self.timeline.start(req.request_id, "received")
+        stream = await self._open(req, None, track)
+
+        def fail(e: BaseException) -> APIError:
+            logger.warning("request %s failed: %s", req.request_id, type(e).__name__)
+            return APIError(500, f"request {req.request_id} failed: {e}", type="server_error")
+
+        return await speech.response(body, self._events(req, stream, track), fail)
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(self, request: Request):
+        """OpenAI's transcription request (multipart): the thinker answers a chat request of the
+        audio and a transcription instruction, text out (omni_ray/ingress/transcribe.py)."""
+        form = await transcribe.read_form(request, self.args.limits)
+        body = transcribe.chat_body(form, self.args.limits)
+        track = self.metrics.track(["text"])
+        try:
+            req, _ = await self._to_request(ChatCompletionRequest.model_validate(body))
+        except APIError as e:
+            track.finish(RequestStatus.INVALID, "invalid_request")
+            raise transcribe.as_file_error(e) from None
+        self.timeline.start(req.request_id, "received")
+        stream = await self._open(req, None, track)
+        answer = await self._complete(req, stream, "wav", track)
+        return transcribe.response(form, answer)
 
     @app.get("/debug/stats")
     async def debug_stats(self) -> dict:
@@ -249,19 +300,46 @@ class OmniIngress:
             yield ev
 
     # -- internals -------------------------------------------------------------------------------
-    async def _to_request(self, body: ChatCompletionRequest) -> tuple[OmniRequest, str]:
-        lim = self.args.limits
-        if body.model != self.args.model_id:
-            raise APIError(404, f"model {_clip(body.model)!r} not found; this server serves "
+    def _check_model(self, model: str) -> None:
+        if model != self.args.model_id:
+            raise APIError(404, f"model {_clip(model)!r} not found; this server serves "
                                 f"{self.args.model_id!r}", param="model", type="invalid_request_error",
                            code="model_not_found")
+
+    async def _speech_request(self, body: SpeechRequest) -> OmniRequest:
+        """``/v1/audio/speech``'s request: the prompt and the given answer of ``speech_ids``."""
+        from omni_ray.models.tokenizer import speech_ids
+
+        self._check_model(body.model)
+        try:
+            speaker = resolve_speaker(body.voice_name, self.speakers)
+        except ValueError as e:
+            param = "voice" if isinstance(body.voice, str) else "voice.id"
+            raise bad_request(f"{param}: {e}", param) from None
+        prompt, answer = await asyncio.to_thread(speech_ids, self.tokenizer, body.input)
+        lim = self.args.limits
+        if len(answer) > lim.max_tokens:
+            raise bad_request(f"input: {len(answer)} tokens, over limits.max_tokens="
+                              f"{lim.max_tokens}", "input", code="input_too_long")
+        if len(prompt) + len(answer) > self.args.max_model_len:
+            raise bad_request(f"input: {len(prompt) + len(answer)} tokens with its prompt, over "
+                              f"the model's length {self.args.max_model_len}", "input",
+                              code="context_length_exceeded")
+        return OmniRequest(request_id=f"speech-{uuid.uuid4().hex}", prompt_token_ids=prompt,
+                           answer_token_ids=answer, modalities=("text", "audio"),
+                           speaker=speaker, max_tokens=len(answer),
+                           max_audio_frames=body.frames(len(answer), lim.max_audio_frames),
+                           talker_sampling=self.args.talker.default_sampling or SamplingParams())
+
+    async def _to_request(self, body: ChatCompletionRequest) -> tuple[OmniRequest, str]:
+        lim = self.args.limits
+        self._check_model(body.model)
         check_request_cost(body, lim)  # before any decoding or tokenizing
         modalities = tuple(body.modalities or ["text"])
         if len(set(modalities)) != len(modalities):
             raise bad_request("modalities: duplicate entries", "modalities")
-        voice, audio_format = self.args.default_speaker, "wav"
-        if body.audio is not None:
-            voice, audio_format = body.audio.voice, body.audio.format
+        voice = self.args.default_speaker if body.audio is None else body.audio.voice
+        audio_format = answer_audio_format(body)
         try:
             speaker = resolve_speaker(voice, self.speakers)  # as the CLI: any case
         except ValueError as e:
@@ -308,7 +386,10 @@ class OmniIngress:
         """One message as ``chat_prompt`` takes it; media parts carry their (checked, not yet
         decoded) bytes and the name of their field."""
         role = "system" if m.role == "developer" else m.role
-        if m.content is None or m.content == "" or m.content == []:
+        empty = m.content is None or m.content == "" or m.content == []
+        if m.audio is not None:
+            return {"role": role, "content": self._earlier_answer(i, m, empty)}
+        if empty:
             raise bad_request(f"messages.{i}.content: must not be empty", f"messages.{i}.content")
         if isinstance(m.content, str):
             return {"role": role, "content": m.content}
@@ -336,6 +417,22 @@ class OmniIngress:
         if all(p["type"] == "text" for p in parts):
             return {"role": role, "content": "".join(p["text"] for p in parts)}
         return {"role": role, "content": parts}
+
+    def _earlier_answer(self, i: int, m, empty: bool) -> str:
+        """The transcript of the spoken answer an assistant turn names by ``audio.id``."""
+        param = f"messages.{i}.audio"
+        if m.role != "assistant":
+            raise bad_request(f"{param}: only assistant messages refer to an earlier spoken "
+                              "answer", param)
+        if not empty:
+            raise bad_request(f"{param}: give the assistant turn's content or its audio.id, not "
+                              "both", param)
+        text = self.transcripts.get(m.audio.id)
+        if text is None:
+            raise bad_request(f"{param}.id: no spoken answer {_clip(m.audio.id)!r} here: unknown, "
+                              "expired (expires_at) or answered by another server replica",
+                              f"{param}.id", code="invalid_audio_id")
+        return text
 
     def media_ok(self) -> bool:
         """Whether this deployment takes audio / image input."""
@@ -419,7 +516,7 @@ class OmniIngress:
         import asyncio
 
         detok = Detokenizer(self.tokenizer)
-        n_out, reason = 0, FinishReason.NONE
+        n_out, n_samples, reason = 0, 0, FinishReason.NONE
         try:
             async for item in stream:
                 if isinstance(item, TextDelta):
@@ -435,6 +532,7 @@ class OmniIngress:
                     from omni_ray.audio import to_float32, to_pcm16
 
                     samples = to_float32(item.samples)  # plain numpy: see generate()
+                    n_samples += samples.size
                     if samples.size:
                         track.on_audio()
                         self.timeline.mark(req.request_id, "first_audio")
@@ -455,10 +553,27 @@ class OmniIngress:
             stream.close()
             self.timeline.finish(req.request_id)
         track.finish(RequestStatus.OK)
-        usage = {"prompt_tokens": len(req.prompt_token_ids), "completion_tokens": n_out,
-                 "total_tokens": len(req.prompt_token_ids) + n_out}
+        usage = self._usage(req.prompt_token_ids, n_out, n_samples)
         yield {"type": "done", "finish_reason": _finish(reason), "usage": usage,
                "text": detok.text}
+
+    def _usage(self, prompt_ids: list[int], text_tokens: int, audio_samples: int) -> dict:
+        """OpenAI's ``usage``: completion tokens are the thinker's text tokens plus the audio
+        tokens (codec frames, 80 ms each, counted from the waveform); prompt audio/image tokens
+        are the encoders' placeholder tokens in the prompt (docs/api.md)."""
+        audio_in = sum(1 for t in prompt_ids if t == self.media_token_ids["audio"])
+        image_in = sum(1 for t in prompt_ids if t in self.media_token_ids["image"])
+        audio_out = -(-audio_samples // AUDIO_TOKEN_SAMPLES)
+        completion = text_tokens + audio_out
+        return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
+                "total_tokens": len(prompt_ids) + completion,
+                "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": audio_in,
+                                          "image_tokens": image_in,
+                                          "text_tokens": len(prompt_ids) - audio_in - image_in},
+                "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": audio_out,
+                                              "text_tokens": text_tokens,
+                                              "accepted_prediction_tokens": 0,
+                                              "rejected_prediction_tokens": 0}}
 
     async def _inject(self, req: OmniRequest, stage: str) -> None:
         """Tests only: make ``stage`` fail this request (``x-omni-fault`` header)."""
@@ -478,8 +593,6 @@ class OmniIngress:
                         track: RequestTrack) -> dict:
         import numpy as np
 
-        from omni_ray.audio import to_pcm16, wav_bytes
-
         text, pieces, done = "", [], None
         try:
             async for ev in self._events(req, stream, track):
@@ -494,10 +607,11 @@ class OmniIngress:
         message: dict = {"role": "assistant", "content": text if "text" in req.modalities else None}
         if req.wants_audio:
             samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-            data = wav_bytes(samples) if audio_format == "wav" else to_pcm16(samples)
-            message["audio"] = {"id": f"audio_{req.request_id[9:]}",
-                                "data": base64.b64encode(data).decode(),
-                                "expires_at": int(time.time()) + 3600, "transcript": done["text"]}
+            data = await asyncio.to_thread(encode_audio, samples, audio_format)
+            audio_id = f"audio_{req.request_id[9:]}"
+            message["audio"] = {"id": audio_id, "data": base64.b64encode(data).decode(),
+                                "expires_at": self.transcripts.put(audio_id, done["text"]),
+                                "transcript": done["text"]}
         return {"id": req.request_id, "object": "chat.completion", "created": int(time.time()),
                 "model": self.args.model_id,
                 "choices": [{"index": 0, "message": message, "finish_reason": done["finish_reason"]}],
@@ -528,8 +642,10 @@ class OmniIngress:
                                            "transcript": pending_transcript}})
                     pending_transcript = ""
                 else:
-                    if pending_transcript and req.wants_audio:
+                    if req.wants_audio:  # a later turn may name this answer by its id
+                        expires_at = self.transcripts.put(audio_id, ev["text"])
                         yield chunk({"audio": {"id": audio_id, "data": "",
+                                               "expires_at": expires_at,
                                                "transcript": pending_transcript}})
                     yield chunk({}, ev["finish_reason"])
                     if include_usage:
@@ -551,6 +667,30 @@ class OmniIngress:
         finally:
             stream.close()  # also when the client left before the first event
         yield "data: [DONE]\n\n"
+
+
+def answer_audio_format(body: ChatCompletionRequest) -> str:
+    """The answer's ``audio.format``; streamed answers are pcm16 (the default when the body names
+    none), another format asked for a streamed answer with audio is a 400 naming it."""
+    if not body.stream:
+        return "wav" if body.audio is None else body.audio.format
+    if body.audio is None or "format" not in body.audio.model_fields_set:
+        return STREAM_AUDIO_FORMATS[0]
+    fmt = body.audio.format
+    if "audio" in (body.modalities or ()) and fmt not in STREAM_AUDIO_FORMATS:
+        raise bad_request(f"audio.format: {fmt!r} cannot be streamed; streamed answers carry "
+                          f"{' or '.join(STREAM_AUDIO_FORMATS)} pieces (as OpenAI's)",
+                          "audio.format", code="unsupported_value")
+    return fmt
+
+
+def _media_token_ids(model_dir) -> dict:
+    """The thinker's placeholder token ids: ``audio`` (an id), ``image`` (image and video ids)."""
+    from pathlib import Path
+
+    th = json.loads((Path(model_dir) / "config.json").read_text()).get("thinker_config", {})
+    return {"audio": th.get("audio_token_id"),
+            "image": {t for t in (th.get("image_token_id"), th.get("video_token_id")) if t}}
 
 
 def _task_cancelling() -> bool:

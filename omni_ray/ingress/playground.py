@@ -1,7 +1,7 @@
 """The browser playground: one HTML page plus its JS and CSS, shipped in ``ingress/static/``.
 
-The page speaks only the OpenAI-compatible API (``GET /v1/models``, streaming
-``POST /v1/chat/completions``); these helpers just hand out the files. Static names are looked up
+The page speaks only the OpenAI-compatible API (``GET /v1/models``, ``GET /v1/audio/voices``,
+streaming ``POST /v1/chat/completions``); these helpers just hand out the files. Static names are looked up
 in an allow-list, so a request can never reach another file (no path traversal).
 """
 

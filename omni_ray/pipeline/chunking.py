@@ -53,12 +53,16 @@ class ThinkerChunker:
 
 
 class CodecChunker:
-    """Per request: talker frames -> CodecChunks of ``initial`` then ``size`` frames."""
+    """Per request: talker frames -> CodecChunks of ``initial`` frames, then ``size`` frames;
+    with ``ramp``, the chunks after the first double (initial, 2 x initial, ...) up to ``size``,
+    so that each chunk takes no longer to make than the audio already sent lasts (at RTF < 0.5)."""
 
-    def __init__(self, request_id: str, mode: str, initial: int, size: int, groups: int = 16):
+    def __init__(self, request_id: str, mode: str, initial: int, size: int, groups: int = 16,
+                 ramp: bool = False):
         self.request_id = request_id
         self.stream = mode == "async_chunk"
-        self.initial, self.size, self.groups = initial, size, groups
+        self.initial, self.size, self.groups, self.ramp = initial, size, groups, ramp
+        self.want = initial  # the next chunk's size
         self.seq = 0
         self.start = 0
         self.pending: list[torch.Tensor] = []
@@ -70,10 +74,10 @@ class CodecChunker:
             self.pending.append(frames)
             self.num_pending += frames.shape[0]
         out = []
-        want = self.initial if self.seq == 0 else self.size
-        while self.stream and self.num_pending >= want and not (finished and self.num_pending == want):
-            out.append(self._emit(want, False, FinishReason.NONE))
-            want = self.size
+        while (self.stream and self.num_pending >= self.want
+               and not (finished and self.num_pending == self.want)):
+            out.append(self._emit(self.want, False, FinishReason.NONE))
+            self.want = min(2 * self.want, self.size) if self.ramp else self.size
         if finished:
             out.append(self._emit(self.num_pending, True, reason))
         return out

@@ -29,7 +29,7 @@ class TalkerLogic(StageLogic):
         p = self.pipeline
         self._chunkers[req.request_id] = CodecChunker(req.request_id, p.mode,
                                                       p.initial_chunk_frames, p.chunk_frames,
-                                                      self.groups)
+                                                      self.groups, p.ramp_chunks)
 
     def on_chunk(self, chunk: ThinkerChunk) -> list[Emit]:
         if chunk.request_id not in self._chunkers:

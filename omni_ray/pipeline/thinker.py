@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.request import OmniRequest
-from omni_ray.payload import TextDelta
+from omni_ray.payload import FinishReason, TextDelta
 from omni_ray.pipeline.chunking import ThinkerChunker
 from omni_ray.pipeline.contracts import ThinkerRunnerProtocol
 from omni_ray.pipeline.emit import Emit, StageLogic
+
+
+@dataclass
+class _GivenAnswer:
+    """A request's answer given, not generated (``OmniRequest.answer_token_ids``), in the shape
+    of a runner's step output: routed exactly like one."""
+
+    request_id: str
+    new_token_ids: list[int]
+    num_prompt_tokens: int
+    finished: bool = True
+    finish_reason: FinishReason = FinishReason.STOP
+    mm: None = None
 
 
 class ThinkerLogic(StageLogic):
@@ -19,9 +34,13 @@ class ThinkerLogic(StageLogic):
         self._chunkers: dict[str, ThinkerChunker | None] = {}
         self._seq: dict[str, int] = {}
         self._fail: set[str] = set()
+        self._given: dict[str, _GivenAnswer] = {}  # answers given: emitted at the next step
 
     def add(self, req: OmniRequest, has_downstream: bool) -> None:
-        if req.mm is not None:
+        if req.answer_token_ids is not None:  # text to speech: no model step
+            self._given[req.request_id] = _GivenAnswer(
+                req.request_id, list(req.answer_token_ids), len(req.prompt_token_ids))
+        elif req.mm is not None:
             self.runner.add_request(req.request_id, req.prompt_token_ids, req.thinker_sampling,
                                     req.max_tokens, list(req.stop_token_ids), mm=req.mm)
         else:
@@ -37,7 +56,17 @@ class ThinkerLogic(StageLogic):
         self._seq[req.request_id] = 0
 
     def has_work(self) -> bool:
-        return self.runner.has_unfinished()
+        return bool(self._given) or self.runner.has_unfinished()
+
+    def step(self) -> list[Emit]:
+        given, self._given = list(self._given.values()), {}
+        emits = [e for g in given for e in self._on_output(g)]
+        if not self.runner.has_unfinished() and not self._fail:
+            self.last_batch_size = len(given)
+            return emits
+        emits += super().step()
+        self.last_batch_size += len(given)
+        return emits
 
     def _on_output(self, out) -> list[Emit]:
         rid = out.request_id
@@ -58,6 +87,7 @@ class ThinkerLogic(StageLogic):
         return emits
 
     def _forget(self, rid: str) -> None:
+        self._given.pop(rid, None)
         self._chunkers.pop(rid, None)
         self._seq.pop(rid, None)
         self._fail.discard(rid)

@@ -157,3 +157,13 @@ def test_summarize_rates_count_only_successful_requests():
     assert s.metrics["output_tokens"]["p99"] == 64
     with pytest.raises(ValueError):
         summarize([good], wall_s=0)
+
+
+def test_output_tokens_are_the_text_tokens():
+    """``completion_tokens`` also counts audio tokens (80 ms frames): the benchmarks' output
+    tokens are ``completion_tokens_details.text_tokens`` when the server gives them."""
+    rec = RequestRecord(start=0.0)
+    rec.on_event({"choices": [], "usage": {
+        "prompt_tokens": 7, "completion_tokens": 64 + 30, "total_tokens": 101,
+        "completion_tokens_details": {"text_tokens": 64, "audio_tokens": 30}}}, 1.0)
+    assert (rec.completion_tokens, rec.prompt_tokens) == (64, 7)

@@ -49,3 +49,35 @@ def test_each_unsupported_field_refuses_a_real_value(field):
             if e.errors()[0]["type"] == "unsupported_parameter":
                 return
     pytest.fail(f"{field}: no value was refused as unsupported")
+
+
+def test_warm_up_bodies_pass_the_audio_format_check():
+    """The warm-up's streamed bodies name no audio format: pcm16, not a 400 (which would make
+    the warm-up skip them)."""
+    from omni_ray.config.serving import LimitsConfig
+    from omni_ray.ingress.app import answer_audio_format
+    from omni_ray.ingress.warmup import warmup_bodies
+
+    for body in warmup_bodies("m", LimitsConfig(), with_audio_input=False):
+        assert body.stream and answer_audio_format(body) == "pcm16"
+
+
+@pytest.mark.parametrize("stream, audio, want", [
+    (False, None, "wav"), (False, {"voice": "x", "format": "aac"}, "aac"),
+    (True, {"voice": "x"}, "pcm16"), (True, {"voice": "x", "format": "pcm16"}, "pcm16"),
+    (True, {"voice": "x", "format": "mp3"}, "audio.format"),
+    (True, {"voice": "x", "format": "wav"}, "audio.format"),
+])
+def test_streamed_answers_are_pcm16(stream, audio, want):
+    from omni_ray.ingress.app import answer_audio_format
+    from omni_ray.ingress.errors import APIError
+
+    body = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": stream,
+         "modalities": ["text", "audio"], **({"audio": audio} if audio else {})})
+    if want == "audio.format":
+        with pytest.raises(APIError) as e:
+            answer_audio_format(body)
+        assert e.value.param == "audio.format" and e.value.status == 400
+    else:
+        assert answer_audio_format(body) == want

@@ -33,4 +33,5 @@ def test_page_links_only_allow_listed_files_and_no_cdn():
     assert "://" not in html  # nothing fetched from another origin
     js = (playground.STATIC_DIR / "playground.js").read_text()
     # Only the OpenAI-compatible endpoints.
-    assert set(re.findall(r'url\("([^"]+)"\)', js)) == {"v1/models", "v1/chat/completions"}
+    assert set(re.findall(r'url\("([^"]+)"\)', js)) == {"v1/models", "v1/chat/completions",
+                                                          "v1/audio/voices"}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -30,27 +29,20 @@ sync_api = pytest.importorskip("playwright.sync_api",
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def base_url(ray_cluster, tiny_model_dir):
-    """The whole app over real HTTP, with an API key and (tests only) fault injection on."""
+def base_url(serve_base_url, tiny_model_dir):
+    """The whole app over real HTTP, with an API key and (tests only) fault injection on, at
+    the root of the session's Serve (the playground's pages are at / and /playground)."""
     from ray import serve
 
     from omni_ray import build_omni_app
 
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_omni_app({"model": tiny_model_dir,
                               "security": {"api_keys": [SecretStr(API_KEY)], "api_keys_env": None,
                                            "allow_fault_injection": True}}),
-              name="omni", route_prefix="/")
-    yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
+              name="omni-playground", route_prefix="/")
+    yield serve_base_url
+    serve.delete("omni-playground")
 
 
 @pytest.fixture(scope="module")

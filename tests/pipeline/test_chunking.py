@@ -62,8 +62,8 @@ def _frames(start: int, n: int) -> torch.Tensor:
     return (torch.arange(start, start + n).view(-1, 1) * 16 + torch.arange(16)).long()
 
 
-def _run_codec(counts, mode, initial, size, reason):
-    chunker = CodecChunker("r", mode, initial, size)
+def _run_codec(counts, mode, initial, size, reason, ramp=False):
+    chunker = CodecChunker("r", mode, initial, size, ramp=ramp)
     chunks, made = [], 0
     for i, n in enumerate(counts):
         last = i == len(counts) - 1
@@ -76,9 +76,9 @@ def _run_codec(counts, mode, initial, size, reason):
 @settings(max_examples=150, deadline=None)
 @given(counts=st.lists(st.integers(0, 4), min_size=1, max_size=80),
        initial=st.integers(1, 8), size=st.integers(1, 30),
-       mode=st.sampled_from(MODES), reason=st.sampled_from(REASONS))
-def test_codec_chunker_loses_and_doubles_nothing(counts, initial, size, mode, reason):
-    per_add, total = _run_codec(counts, mode, initial, size, reason)
+       mode=st.sampled_from(MODES), reason=st.sampled_from(REASONS), ramp=st.booleans())
+def test_codec_chunker_loses_and_doubles_nothing(counts, initial, size, mode, reason, ramp):
+    per_add, total = _run_codec(counts, mode, initial, size, reason, ramp)
     chunks = [c for out in per_add for c in out]
     _check_stream(chunks, reason)
     codes = torch.cat([c.codes for c in chunks])
@@ -105,6 +105,31 @@ def test_codec_chunker_async_sizes(counts, initial, size):
         sent += sum(c.codes.shape[0] for c in out)
         want = initial if sent == 0 else size
         assert made - sent < want
+
+
+def _ramp_sizes(initial: int, size: int, n: int) -> list[int]:
+    """The first n chunk sizes with ramp_chunks (written out, not read from the chunker)."""
+    out, want = [], initial
+    for _ in range(n):
+        out.append(want)
+        want = min(2 * want, size)
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(counts=st.lists(st.integers(0, 4), min_size=1, max_size=80),
+       initial=st.integers(1, 8), size=st.integers(1, 30))
+def test_codec_chunker_ramp_sizes(counts, initial, size):
+    per_add, _ = _run_codec(counts, "async_chunk", initial, size, FinishReason.STOP, ramp=True)
+    sizes = [c.codes.shape[0] for out in per_add for c in out]
+    full = _ramp_sizes(initial, size, len(sizes))
+    assert sizes[:-1] == full[:-1] and sizes[-1] <= full[-1]
+
+
+def test_codec_chunker_ramp_example():
+    chunker = CodecChunker("r", "async_chunk", 1, 25, ramp=True)
+    sizes = [c.codes.shape[0] for c in chunker.add(_frames(0, 100), False)]
+    assert sizes == [1, 2, 4, 8, 16, 25, 25]  # 81 frames; 19 wait for more
 
 
 @settings(max_examples=50, deadline=None)

@@ -7,16 +7,6 @@ from serve_helpers import app_args, wait_ready
 
 
 @pytest.fixture(scope="session")
-def serve_base_url(ray_cluster, get_free_port) -> str:
-    """Serve started once on a free port; apps add their own route prefix to this URL."""
-    from ray import serve
-
-    port = get_free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    return f"http://127.0.0.1:{port}"
-
-
-@pytest.fixture(scope="session")
 def serve_urls(serve_base_url, tiny_model_dir):
     """{"async_chunk": base_url, "sync": base_url} of the running apps."""
     from ray import serve

@@ -39,7 +39,7 @@ def test_dummy_app_says_so_and_answers(dummy_url):
         audio={"voice": "ethan", "format": "wav"}, max_tokens=6,
         extra_body={"max_audio_frames": 10})
     msg = r.choices[0].message
-    assert msg.content and r.usage.completion_tokens == 6
+    assert msg.content and r.usage.completion_tokens_details.text_tokens == 6
     with wave.open(io.BytesIO(base64.b64decode(msg.audio.data))) as w:
         assert w.getframerate() == 24000 and w.getnframes() > 0
 

@@ -105,7 +105,10 @@ BAD = [
      400, "messages.1.tool_calls", "unsupported_parameter"),
     ({"messages": [{"role": "user", "content": "Hi"},
                    {"role": "assistant", "audio": {"id": "audio_1"}}]},
-     400, "messages.1.audio", "unsupported_parameter"),
+     400, "messages.1.audio.id", "invalid_audio_id"),  # an id this server never gave
+    ({"messages": [{"role": "user", "content": "Hi"},
+                   {"role": "assistant", "audio": {"id": "audio_1", "data": "AAAA"}}]},
+     400, "messages.1.audio.data", "unknown_parameter"),
     # limits and cost
     ({"messages": USER * 65}, 400, "messages", None),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 257}]}, 400,

@@ -99,7 +99,7 @@ BAD = [
     ({"model": "nope"}, 404, "model"),
     ({"modalities": ["video"]}, 400, "modalities"),
     ({"audio": {"voice": "darth", "format": "wav"}}, 400, "audio.voice"),
-    ({"audio": {"voice": "ethan", "format": "flac"}}, 400, "audio.format"),
+    ({"audio": {"voice": "ethan", "format": "ogg"}}, 400, "audio.format"),
     ({"messages": []}, 400, "messages"),
     ({"messages": [{"role": "user", "content": ""}]}, 400, "messages.0.content"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
@@ -171,4 +171,6 @@ def test_deployment_handle_streaming(serve_urls):
     assert kinds[-1] == "done" and "text" in kinds and "audio" in kinds
     audio = sum(e["num_samples"] for e in events if e["type"] == "audio")
     assert audio > 0 and (audio + 555) % 1920 == 0  # whole frames, joined exactly
-    assert events[-1]["usage"]["completion_tokens"] == 8
+    details = events[-1]["usage"]["completion_tokens_details"]
+    assert details["text_tokens"] == 8 and details["audio_tokens"] == (audio + 555) // 1920
+    assert events[-1]["usage"]["completion_tokens"] == 8 + details["audio_tokens"]

@@ -85,7 +85,10 @@ def test_streamed_audio_equals_nonstreamed_and_offline(serve_urls, offline, mode
     assert np.abs(pcm_s.astype(int) - pcm_n.astype(int)).max() <= 1
     assert np.abs(pcm_s.astype(int) - ref_pcm.astype(int)).max() <= 1
     assert np.abs(ref_pcm).max() > 1000  # audible: the comparison is not between silences
-    assert usage_s.completion_tokens == usage_n.completion_tokens == 16
+    # completion tokens: the thinker's 16 text tokens plus one audio token per 80 ms frame
+    assert usage_s.model_dump() == usage_n.model_dump()
+    assert usage_s.completion_tokens_details.text_tokens == 16
+    assert usage_s.completion_tokens == 16 + -(-pcm_s.size // 1920)
     assert fin_s == fin_n == "length"
 
 
@@ -96,7 +99,10 @@ def test_every_modality_combination(serve_urls, mode, stream, modalities):
     text, pcm, finish, usage = ask(serve_urls[mode], modalities=modalities, stream=stream,
                                    max_tokens=8, frames=20)
     assert finish in ("stop", "length")
-    assert usage.prompt_tokens > 0 and usage.completion_tokens == 8
+    assert usage.prompt_tokens > 0 and usage.completion_tokens_details.text_tokens == 8
+    audio_tokens = -(-pcm.size // 1920) if pcm is not None else 0
+    assert usage.completion_tokens_details.audio_tokens == audio_tokens
+    assert usage.completion_tokens == 8 + audio_tokens
     if "text" in modalities:
         assert text
     else:

@@ -1,5 +1,5 @@
 // omni_ray playground: streaming chat over the OpenAI-compatible API only
-// (GET v1/models, POST v1/chat/completions with stream: true). Text is shown as it arrives;
+// (GET v1/models, GET v1/audio/voices, POST v1/chat/completions with stream: true). Text is shown as it arrives;
 // speech (pcm16, 24 kHz mono, little-endian) is decoded per chunk and scheduled back to back
 // with Web Audio, so playback starts with the first chunk.
 "use strict";
@@ -59,6 +59,20 @@
     sel.disabled = false;
     state.model = keep;
     return keep;
+  }
+
+  // The checkpoint's voices (GET v1/audio/voices) into the voice list; the page's built-in list
+  // stays when the server is older than that route.
+  async function loadVoices() {
+    const resp = await fetch(url("v1/audio/voices"), { headers: headers(false) });
+    if (!resp.ok) throw await httpError("GET /v1/audio/voices", resp);
+    const body = await resp.json();
+    const names = (body.voices || []).map((v) => (typeof v === "string" ? v : v.id || v.name));
+    if (!names.length) return;
+    const sel = $("voice");
+    const keep = names.includes(sel.value) ? sel.value
+      : names.includes(body.default) ? body.default : names[0];
+    sel.replaceChildren(...names.map((n) => new Option(n, n, false, n === keep)));
   }
 
   // Calls onEvent(data) for each SSE event's data; stops after "[DONE]".
@@ -368,6 +382,7 @@
       if (key) localStorage.setItem(KEY_STORAGE, key); else localStorage.removeItem(KEY_STORAGE);
       state.model = null;
       loadModels().then(clearError, (e) => showError(e.message));
+      loadVoices().catch((e) => showError(e.message));
     });
     $("model").addEventListener("change", (e) => { state.model = e.target.value; });
     $("composer").addEventListener("submit", (e) => {
@@ -406,6 +421,7 @@
     });
     render();
     loadModels().catch((e) => showError(e.message));
+    loadVoices().catch((e) => showError(e.message));
   }
 
   init(); // the script is loaded with "defer": the DOM is ready
