@@ -23,15 +23,24 @@ BF16_MIN_EQUAL_TEXT_TOKENS = 8
 PCM16_LSB = 1
 PROMPT = "Tell me about the sea in a few words."
 QUESTION = "What do you hear?"
+SPEECH = "The sea is calm tonight."  # /v1/audio/speech's input: voiced as given, no thinker step
 
 
 def ask(url: str, *, audio_in: bytes | None = None, audio: bool = True, stream: bool = False,
-        max_tokens: int, frames: int, model: str = "qwen3-omni") -> dict:
+        speech: str | None = None, max_tokens: int, frames: int, model: str = "qwen3-omni"
+        ) -> dict:
     """One chat completion through the openai client: text, pcm16 (int16 array or None),
-    finish_reason, completion_tokens."""
+    finish_reason, completion_tokens. ``speech``: ``/v1/audio/speech`` voicing that text instead
+    (raw pcm streamed; no text, so ``text`` is "")."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+    if speech is not None:
+        with client.audio.speech.with_streaming_response.create(
+                model=model, input=speech, voice="ethan", response_format="pcm",
+                extra_body={"max_audio_frames": frames}) as r:
+            pcm = np.frombuffer(r.read(), dtype="<i2")
+        return dict(text="", pcm=pcm if pcm.size else None, finish=None, tokens=None)
     content: list | str = PROMPT
     if audio_in is not None:
         content = [{"type": "input_audio", "input_audio": {
@@ -68,9 +77,10 @@ def ask(url: str, *, audio_in: bytes | None = None, audio: bool = True, stream: 
 
 
 def cases(has_processor: bool) -> dict:
-    """name -> ask() keywords: (a) text only, (b) text + audio streamed / wav, (c) speech in."""
+    """name -> ask() keywords: (a) text only, (b) text + audio streamed / wav, (c) speech out
+    (``/v1/audio/speech``), (d) speech in."""
     out = {"text": dict(audio=False), "audio-stream": dict(stream=True),
-           "audio-wav": dict(stream=False)}
+           "audio-wav": dict(stream=False), "speech-out": dict(speech=SPEECH)}
     if has_processor:
         out["speech-in"] = dict(audio_in=spoken_question(1.5), stream=True)
     return out
@@ -106,7 +116,10 @@ def offline_answers(model_dir: str, device: str, pipeline: dict, todo: dict, max
         fields = dict(request_id=name, max_tokens=max_tokens, max_audio_frames=frames,
                       speaker="ethan",
                       modalities=("text", "audio") if kw.get("audio", True) else ("text",))
-        if kw.get("audio_in") is None:
+        if kw.get("speech") is not None:  # as the app's /v1/audio/speech builds it
+            req = omni.speech_request(kw["speech"], **{**fields, "max_tokens": 4096})
+            req = req.model_copy(update={"max_tokens": len(req.answer_token_ids)})
+        elif kw.get("audio_in") is None:
             req = OmniRequest(prompt_token_ids=omni.prompt_ids(PROMPT), **fields)
         else:
             speech = decode_audio(kw["audio_in"], "wav", max_seconds=300)
@@ -115,7 +128,8 @@ def offline_answers(model_dir: str, device: str, pipeline: dict, todo: dict, max
                 **fields)
         o = omni.generate(req)[0]
         pcm = np.frombuffer(to_pcm16(o.audio), dtype="<i2") if o.audio.numel() else None
-        out[name] = dict(text=o.text, pcm=pcm, frames=int(o.codec_frames.shape[0]))
+        text = "" if kw.get("speech") is not None else o.text  # the speech API returns no text
+        out[name] = dict(text=text, pcm=pcm, frames=int(o.codec_frames.shape[0]))
     omni.shutdown()
     del omni
     if device != "cpu":
@@ -155,10 +169,11 @@ def audio_frames(samples: int) -> float:
     return (samples + WITHHELD_SAMPLES) / SAMPLES_PER_FRAME
 
 
-def well_formed(ans: dict, frames: int, audio: bool) -> tuple[bool, str]:
-    """Non-empty text (or finish 'length'); audio from a whole number of frames, 1..``frames``."""
+def well_formed(ans: dict, frames: int, audio: bool, text: bool = True) -> tuple[bool, str]:
+    """Non-empty text (or finish 'length'; ``text=False``: the speech API, which has none); audio
+    from a whole number of frames, 1..``frames``."""
     problems = []
-    if not ans["text"] and ans["finish"] != "length":
+    if text and not ans["text"] and ans["finish"] != "length":
         problems.append(f"empty text, finish={ans['finish']}")
     if audio:
         n = 0 if ans["pcm"] is None else len(ans["pcm"])

@@ -10,7 +10,8 @@ The app from ``serve_configs/qwen3_omni_1gpu.yaml`` started with the real ``serv
   ``/v1/models`` says dummy, well-formed answers, then the Serve benchmark -> ``gpu_serve.json``;
 * ``offline`` (only when asked for): ``benchmarks.gpu_run --phase realsize``, its JSON copied in.
 
-One line a check, ``PASS|FAIL|SKIP <name>: <numbers>``, then a summary; exit 1 on any FAIL.
+One line a check, ``PASS|FAIL|SKIP|INFO <name>: <numbers>`` (INFO: an A/B comparison), then a
+summary; exit 1 on any FAIL.
 ``--device cpu`` runs the same with CPU values (float32, no GPUs), which the tests do::
 
     bash scripts/gpu_check.sh                          # cuda: tiny,standin
@@ -272,7 +273,8 @@ def phase_standin(chk: Check) -> None:
         for name, kw in cases(has_proc).items():
             try:
                 got = ask(url, max_tokens=bench["max_tokens"], frames=bench["frames"], **kw)
-                ok, why = well_formed(got, bench["frames"], kw.get("audio", True))
+                ok, why = well_formed(got, bench["frames"], kw.get("audio", True),
+                                      text=kw.get("speech") is None)
                 n = 0 if got["pcm"] is None else len(got["pcm"])
                 numbers = (f"{got['tokens']} tokens, finish {got['finish']}, {n} samples = "
                            f"{audio_frames(n) if n else 0:g} frames" + (f"; {why}" if why else ""))
@@ -282,11 +284,119 @@ def phase_standin(chk: Check) -> None:
             chk.line("PASS" if ok else "FAIL", f"standin {name} well-formed", numbers)
         if not has_proc:
             chk.line("SKIP", "standin speech-in well-formed", "no processor files")
-        serve_bench(chk, url, shape, st, cfg)
+        base = serve_bench(chk, url, shape, st, cfg)
+        if a.rates:
+            poisson_bench(chk, url, shape)
+    for name, overrides in a.ab:
+        standin_variant(chk, cfg, name, overrides, base)
 
 
-def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict) -> None:
-    """The Serve benchmark at every concurrency level -> ``gpu_serve.json``."""
+SHORT_PROMPT_TOKENS = 256  # "the others" of a long prompt: their first audio must not stall
+
+
+def poisson_bench(chk: Check, url: str, shape: str) -> None:
+    """Open loop: Poisson arrivals at each of ``--rates`` req/s, prompts of mixed length
+    (log-uniform 32-2000 words); TTFA p50/p99 of all and of the short prompts (a long prefill
+    must not stall the others' first audio) -> ``gpu_serve.json``'s ``poisson``."""
+    from benchmarks.serve_bench import bench
+
+    a, b = chk.args, BENCH[chk.args.device]
+    out = []
+    for rate in [float(r) for r in a.rates.split(",")]:
+        if chk.left_s() < 60:
+            chk.line("SKIP", f"poisson {rate:g} req/s", f"{chk.left_s():.0f}s left")
+            continue
+        run = bench(url, f"standin-{shape}", request_rate=str(rate), prompts="mixed",
+                    input_len_range=a.rate_prompt_words, num_requests=a.rate_requests,
+                    max_tokens=b["max_tokens"], max_audio_frames=b["frames"], warmup=0)[0]
+        s, reqs = run["summary"], run["requests"]
+        ok = [r for r in reqs if r["ok"] and r["ttfa"] is not None]
+        short = [r["ttfa"] for r in ok if (r["prompt_tokens"] or 0) < SHORT_PROMPT_TOKENS]
+        longp = [r["ttfa"] for r in ok if (r["prompt_tokens"] or 0) >= 1000]
+        lv = dict(rate=rate, num_requests=s["num_requests"], num_ok=s["num_ok"],
+                  ttfa_p50_s=_pct([r["ttfa"] for r in ok], 50),
+                  ttfa_p99_s=_pct([r["ttfa"] for r in ok], 99),
+                  short_prompt_ttfa_p99_s=_pct(short, 99), num_short=len(short),
+                  long_prompt_ttfa_p50_s=_pct(longp, 50), num_long=len(longp),
+                  prompt_tokens=[r["prompt_tokens"] for r in reqs],
+                  rtf_p99=s["metrics"]["rtf"]["p99"], audio_s_per_s=s["audio_seconds_per_s"])
+        out.append(lv)
+        path = a.out / "gpu_serve.json"
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data["poisson"] = out
+        data["poisson_setup"] = dict(prompt_words=a.rate_prompt_words, max_tokens=b["max_tokens"],
+                                     max_audio_frames=b["frames"],
+                                     short_prompt_tokens=SHORT_PROMPT_TOKENS)
+        write(path, data)
+        chk.line("PASS" if s["num_ok"] == s["num_requests"] else "FAIL", f"poisson {rate:g} req/s",
+                 f"ok {s['num_ok']}/{s['num_requests']}, ttfa p50 {_f(lv['ttfa_p50_s'])}s p99 "
+                 f"{_f(lv['ttfa_p99_s'])}s, short prompts ({len(short)}) p99 "
+                 f"{_f(lv['short_prompt_ttfa_p99_s'])}s, long ({len(longp)}) p50 "
+                 f"{_f(lv['long_prompt_ttfa_p50_s'])}s, rtf p99 {_f(lv['rtf_p99'])}")
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    from benchmarks.metrics import percentile
+
+    return percentile(xs, q) if xs else None
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """``NAME:a.b=v,c=w`` -> (NAME, {"a.b": v, ...}); values read as YAML (true, 1, 0.5, ...)."""
+    name, _, body = text.partition(":")
+    if not name or not body:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME:key.path=value[,...]")
+    pairs = [kv.split("=", 1) for kv in body.split(",")]
+    if any(len(kv) != 2 or not kv[0] for kv in pairs):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME:key.path=value[,...]")
+    return name, {k.strip(): yaml.safe_load(v) for k, v in pairs}
+
+
+def with_overrides(cfg: dict, overrides: dict) -> dict:
+    """``cfg`` with the app args' dotted ``overrides`` set (``pipeline.ramp_chunks`` ...)."""
+    cfg = copy.deepcopy(cfg)
+    for path, value in overrides.items():
+        node = cfg["applications"][0]["args"]
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return cfg
+
+
+def standin_variant(chk: Check, base_cfg: dict, name: str, overrides: dict,
+                    base: list[dict]) -> None:
+    """An A/B in the same run: the stand-in app restarted with ``overrides``, the same bench
+    (``gpu_serve_<name>.json``), and one line per level comparing it with the base."""
+    if chk.left_s() < 400:  # a warm restart (~250 s on the H200) and the bench (~100 s)
+        chk.line("SKIP", f"standin A/B {name}", f"{chk.left_s():.0f}s left")
+        return
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cfg = with_overrides(base_cfg, overrides)
+    cfg["http_options"]["port"] = port
+    sr, st = timed_start(chk, cfg, f"standin_{name}", url, chk.args.ray_stop)
+    chk.data["phases"].setdefault("standin_ab", {})[name] = dict(overrides=overrides, start=st)
+    if sr is None:
+        chk.line("FAIL", f"standin {name} start", st["error"], log_tail=st["log_tail"])
+        return
+    with sr:
+        chk.line("PASS", f"standin {name} start", f"healthy {st['healthy_s']}s ({overrides})")
+        levels = serve_bench(chk, url, chk.data["phases"]["standin"]["shape"], st, cfg, tag=name)
+    chk.data["phases"]["standin_ab"][name]["levels"] = levels
+    by_c = {lv["concurrency"]: lv for lv in base}
+    for lv in levels:
+        b = by_c.get(lv["concurrency"])
+        if b:
+            chk.line("INFO", f"A/B {name} c={lv['concurrency']}", ", ".join(
+                f"{k} {_f(b[k])} -> {_f(lv[k])}" for k in ("ttfa_p50_s", "ttfa_p99_s", "rtf_p50",
+                                                          "rtf_p99", "audio_s_per_s")))
+
+
+def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str = ""
+                ) -> list[dict]:
+    """The Serve benchmark at every concurrency level -> ``gpu_serve.json`` (a ``tag``ged A/B
+    variant: ``gpu_serve_<tag>.json``, its lines named with the tag); the levels run."""
     from benchmarks.serve_bench import bench
 
     a, b = chk.args, BENCH[chk.args.device]
@@ -297,10 +407,10 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict) -> None:
                  num_requests=a.num_requests or "max(2 x concurrency, 8)",
                  pipeline=args["pipeline"], thinker=args["thinker"], talker=args["talker"],
                  note="no API way to force exactly max_tokens: output_tokens_mean is what came")
-    levels = []
+    levels, sfx = [], f" {tag}" if tag else ""
     for c in conc:
         if chk.left_s() < 30:
-            chk.line("SKIP", f"serve bench c={c}", f"{chk.left_s():.0f}s left")
+            chk.line("SKIP", f"serve bench{sfx} c={c}", f"{chk.left_s():.0f}s left")
             continue
         run = bench(url, f"standin-{shape}", concurrency=str(c), num_requests=a.num_requests,
                     max_tokens=b["max_tokens"], max_audio_frames=b["frames"], warmup=1)[0]
@@ -315,20 +425,21 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict) -> None:
         from benchmarks.timeline import SEGMENTS
 
         complete = all(name in bd for name, _, _ in SEGMENTS)  # every stage noted its milestones
-        chk.line("PASS" if complete else "FAIL", f"ttfa breakdown c={c}", "p50 ms: " + ", ".join(
+        chk.line("PASS" if complete else "FAIL", f"ttfa breakdown{sfx} c={c}", "p50 ms: " + ", ".join(
             f"{k.split(':')[0]} {v['p50'] * 1e3:.0f}" for k, v in bd.items()))
         levels.append(lv)
-        write(a.out / "gpu_serve.json", dict(
+        write(a.out / (f"gpu_serve_{tag}.json" if tag else "gpu_serve.json"), dict(
             commit=chk.data["commit"], dirty=chk.data["dirty"], device=chk.data["device"],
             setup=setup, serve_run_to_healthy_s=st["healthy_s"],
             serve_run_to_first_answer_s=st["first_answer_s"], levels=levels))
         ok = s["num_ok"] == s["num_requests"]
-        chk.line("PASS" if ok else "FAIL", f"serve bench c={c}",
+        chk.line("PASS" if ok else "FAIL", f"serve bench{sfx} c={c}",
                  f"ok {s['num_ok']}/{s['num_requests']}, ttft p50 {_f(lv['ttft_p50_s'])}s, "
                  f"ttfa p50 {_f(lv['ttfa_p50_s'])}s p99 {_f(lv['ttfa_p99_s'])}s, rtf p50 "
                  f"{_f(lv['rtf_p50'])} p99 {_f(lv['rtf_p99'])}, {lv['text_tok_s']:.1f} tok/s, "
                  f"{lv['audio_s_per_s']:.2f} audio s/s, {_f(lv['output_tokens_mean'], 1)} "
                  f"tokens/request")
+    return levels
 
 
 def phase_offline(chk: Check) -> None:
@@ -395,6 +506,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="seconds; phases and levels past it print SKIP")
     ap.add_argument("--shape", default=None, help="standin shape (cuda qwen3-omni-30b-a3b, "
                     "cpu smoke)")
+    ap.add_argument("--ab", type=parse_variant, action="append", default=[],
+                    metavar="NAME:key.path=value[,...]",
+                    help="after the standin bench, restart it with these app args and bench "
+                         "again (an A/B in one run), e.g. "
+                         "ramp:pipeline.ramp_chunks=true,pipeline.initial_chunk_frames=1")
+    ap.add_argument("--rates", default="", help="after the standin bench: Poisson arrivals at "
+                    "these req/s with mixed prompt lengths, e.g. 1,2,4")
+    ap.add_argument("--rate-requests", type=int, default=24, help="requests per rate")
+    ap.add_argument("--rate-prompt-words", default="32,2000",
+                    help="mixed prompts: words per prompt, log-uniform in LO,HI")
     ap.add_argument("--concurrency", default="", help="standin bench levels (cuda 1,8,32; cpu 1,2)")
     ap.add_argument("--num-requests", type=int, default=0,
                     help="per level; 0: max(2 x concurrency, 8)")

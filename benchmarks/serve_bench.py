@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import random
 import sys
@@ -50,13 +51,18 @@ _WORDS = ("time person year way day thing man world life hand part child eye wom
           "paper house voice song travel market summer winter animal forest ocean mountain").split()
 
 
-def make_prompts(kind: str, n: int, input_len: int, seed: int) -> list[str]:
+def make_prompts(kind: str, n: int, input_len: int, seed: int,
+                 len_range: tuple[int, int] = (32, 2000)) -> list[str]:
     """``fixed``: the built-in set, cycled; ``random``: ``input_len`` random common words each
-    (about one token a word with Qwen's tokenizer)."""
+    (about one token a word with Qwen's tokenizer); ``mixed``: random words, each prompt's length
+    log-uniform in ``len_range`` (short questions and long documents in one stream)."""
     if kind == "fixed":
         return [FIXED_PROMPTS[i % len(FIXED_PROMPTS)] for i in range(n)]
     rng = random.Random(seed)
-    return [" ".join(rng.choice(_WORDS) for _ in range(input_len)) for _ in range(n)]
+    lo, hi = len_range
+    sizes = ([input_len] * n if kind == "random" else
+             [round(math.exp(rng.uniform(math.log(lo), math.log(hi)))) for _ in range(n)])
+    return [" ".join(rng.choice(_WORDS) for _ in range(k)) for k in sizes]
 
 
 async def closed_loop(client, url: str, bodies: list[dict], concurrency: int, pbar
@@ -113,7 +119,8 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
             return [chat_body(p, model=model, max_tokens=max_tokens,
                               max_audio_frames=args.max_audio_frames,
                               modalities=args.modalities.split(","), audio_input=speech)
-                    for p in make_prompts(args.prompts, n, args.input_len, seed)]
+                    for p in make_prompts(args.prompts, n, args.input_len, seed,
+                                          _ints(args.input_len_range))]
 
         for body in bodies(args.warmup, args.seed + 999):  # loads models, starts loops
             rec = await stream_chat(client, url, body)
@@ -215,7 +222,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--model-dir", default=None, help="checkpoint for --start (default: tiny)")
     ap.add_argument("--model-id", default=None, help="default: the first of /v1/models")
     ap.add_argument("--label", default=None, help="line label (default: the setup, or 'url')")
-    ap.add_argument("--prompts", choices=("fixed", "random"), default="fixed")
+    ap.add_argument("--prompts", choices=("fixed", "random", "mixed"), default="fixed")
+    ap.add_argument("--input-len-range", default="32,2000",
+                    help="mixed prompts: words per prompt, log-uniform in LO,HI")
     ap.add_argument("--input-len", type=int, default=32, help="words per random prompt")
     ap.add_argument("--output-len", type=int, default=64, help="max_tokens for random prompts")
     ap.add_argument("--num-requests", type=int, default=8,

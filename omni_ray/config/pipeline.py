@@ -27,6 +27,9 @@ class PipelineConfig(BaseModel):
     chunk_frames: int = Field(25, ge=1, le=1000)
     ramp_chunks: bool = Field(False, description="chunks after the first double up to "
                                                  "chunk_frames (1, 2, 4, ... frames)")
+    first_chunks_first: bool = Field(
+        True, description="code2wav decodes requests' first chunks in a step of their own, "
+                          "before the later chunks of others (time to first audio under load)")
     code2wav_mode: Literal["window", "stateful"] = Field(
         DEFAULT_CODE2WAV_MODE,
         description="stateful: carry attention/conv state, exact for any chunking (default); "

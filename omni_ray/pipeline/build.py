@@ -48,7 +48,7 @@ def wrap_runner(stage: str, runner, pipeline: PipelineConfig) -> StageLogic:
     if stage == "talker":
         return TalkerLogic(runner, pipeline, runner.num_code_groups)
     if stage == "code2wav":
-        return Code2WavLogic(runner)
+        return Code2WavLogic(runner, first_chunks_first=pipeline.first_chunks_first)
     raise ValueError(f"unknown stage {stage!r}; expected one of {list(STAGES)}")
 
 

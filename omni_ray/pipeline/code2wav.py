@@ -1,4 +1,10 @@
-"""Code2wav stage logic: ``CodecChunk``s in, ``AudioChunk``s to the caller."""
+"""Code2wav stage logic: ``CodecChunk``s in, ``AudioChunk``s to the caller.
+
+A step decodes every pending chunk, except that requests' first chunks go first: when any is
+pending, the step decodes only those (``first_chunks_first``), so a new request's first audio
+does not wait behind the 25-frame chunks of every request already playing (they hold audio in
+hand). Each request's chunks still decode in order, so the audio is the same.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +19,11 @@ SAMPLE_RATE = 24000  # Qwen3-Omni's code2wav output rate
 class Code2WavLogic(StageLogic):
     stage = "code2wav"
 
-    def __init__(self, runner: Code2WavRunnerProtocol, sample_rate: int = SAMPLE_RATE):
+    def __init__(self, runner: Code2WavRunnerProtocol, sample_rate: int = SAMPLE_RATE,
+                 first_chunks_first: bool = True):
         self.runner = runner
         self.sample_rate = sample_rate
+        self.first_chunks_first = first_chunks_first
         self._pending: list[CodecChunk] = []
         self._seq: dict[str, int] = {}
         self._fail: set[str] = set()
@@ -38,6 +46,11 @@ class Code2WavLogic(StageLogic):
     def step(self) -> list[Emit]:
         emits = [self._fault(rid) for rid in list(self._fail)]
         pending, self._pending = self._pending, []
+        if self.first_chunks_first:  # requests with no audio out yet: all their chunks, in order
+            new = [c for c in pending if self._seq.get(c.request_id) == 0]
+            if new and len(new) < len(pending):
+                self._pending = [c for c in pending if self._seq.get(c.request_id) != 0]
+                pending = new
         self.last_batch_size = len({c.request_id for c in pending})
         for chunk in pending:
             rid = chunk.request_id

@@ -167,3 +167,16 @@ def test_output_tokens_are_the_text_tokens():
         "prompt_tokens": 7, "completion_tokens": 64 + 30, "total_tokens": 101,
         "completion_tokens_details": {"text_tokens": 64, "audio_tokens": 30}}}, 1.0)
     assert (rec.completion_tokens, rec.prompt_tokens) == (64, 7)
+
+
+def test_mixed_prompts_span_their_range_log_uniformly_and_repeat_with_the_seed():
+    from benchmarks.serve_bench import make_prompts
+
+    ps = make_prompts("mixed", 400, 0, seed=3, len_range=(32, 2000))
+    words = [len(p.split()) for p in ps]
+    assert min(words) >= 32 and max(words) <= 2000
+    # log-uniform: about as many prompts in 32-250 words as in 250-2000 (each ~half the log range)
+    short = sum(w < 250 for w in words)
+    assert 150 < short < 250, short
+    assert make_prompts("mixed", 400, 0, seed=3, len_range=(32, 2000)) == ps
+    assert [len(p.split()) for p in make_prompts("random", 3, 7, seed=0)] == [7, 7, 7]

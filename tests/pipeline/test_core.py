@@ -434,6 +434,42 @@ def test_an_errored_upstream_chunk_fails_the_request_downstream():
     assert e.error == "talker failed" and c2w.request_ids() == [] and not c2w.has_work()
 
 
+def _codec(rid, seq, start, frames, finished=False):
+    codes = torch.full((frames, GROUPS), seq + 1, dtype=torch.long)
+    return CodecChunk(request_id=rid, seq=seq, start_frame=start, codes=codes, finished=finished)
+
+
+@pytest.mark.parametrize("first_chunks_first", [True, False])
+def test_a_new_requests_first_chunk_is_decoded_before_others_later_chunks(first_chunks_first):
+    """Two requests playing (their first chunks out) have 25-frame chunks pending when a third
+    one's first chunk arrives: with ``first_chunks_first`` it gets a step of its own; every
+    request's audio is the same either way."""
+    c2w = Code2WavLogic(FakeCode2Wav(), first_chunks_first=first_chunks_first)
+    for rid in "abc":
+        c2w.add(req(rid), False)
+    c2w.on_chunk(_codec("a", 0, 0, 1))
+    c2w.on_chunk(_codec("b", 0, 0, 1))
+    out = {e.request_id: [e.item.samples] for e in c2w.step()}  # a, b: first chunks together
+    assert sorted(out) == ["a", "b"]
+    c2w.on_chunk(_codec("a", 1, 1, 25, finished=True))
+    c2w.on_chunk(_codec("c", 0, 0, 1))
+    c2w.on_chunk(_codec("b", 1, 1, 25, finished=True))
+    c2w.on_chunk(_codec("c", 1, 1, 2, finished=True))  # c's second chunk before its first left
+    steps = []
+    while c2w.has_work():
+        emits = c2w.step()
+        steps.append([(e.request_id, e.item.seq) for e in emits])
+        for e in emits:
+            out.setdefault(e.request_id, []).append(e.item.samples)
+    if first_chunks_first:
+        assert steps == [[("c", 0), ("c", 1)], [("a", 1), ("b", 1)]]
+    else:
+        assert steps == [[("a", 1), ("c", 0), ("b", 1), ("c", 1)]]
+    assert [x.numel() for x in out["c"]] == [SAMPLES_PER_FRAME, 2 * SAMPLES_PER_FRAME]
+    assert torch.cat(out["a"]).tolist() == [1.0] * SAMPLES_PER_FRAME + [2.0] * 25 * SAMPLES_PER_FRAME
+    assert c2w.request_ids() == [] and c2w.runner.num_requests == 0
+
+
 # -- the disaggregated thinker (pipeline/kv.py) ------------------------------------------------
 def _drain(logic) -> list[tuple]:
     out = []
