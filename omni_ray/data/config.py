@@ -49,3 +49,17 @@ class OmniProcessorConfig(BaseModel):
     default_max_audio_frames: int = Field(DEFAULT_MAX_AUDIO_FRAMES, ge=1)
     limits: LimitsConfig = Field(default_factory=LimitsConfig,
                                  description="per-row input limits (audio seconds, image pixels)")
+
+
+def from_serving_args(sa, *, batch_size: int = 16, concurrency: int = 1,
+                      audio_format: AudioFormat = "flac", audio: bool = True
+                      ) -> OmniProcessorConfig:
+    """The batch job for what a Serve config (``OmniServingArgs``) serves: the same checkpoint,
+    engines, limits and default voice; ``concurrency`` actors per stage, ``batch_size`` rows."""
+    stage = {s: DataStageConfig(engine=getattr(sa, s), batch_size=batch_size,
+                                concurrency=concurrency) for s in ("thinker", "talker", "code2wav")}
+    return OmniProcessorConfig(
+        model=sa.model, revision=sa.revision, allow_dummy_weights=sa.allow_dummy_weights,
+        max_model_len=sa.max_model_len, audio=audio, audio_format=audio_format,
+        default_voice=sa.default_speaker, default_max_tokens=sa.limits.default_max_tokens,
+        default_max_audio_frames=sa.limits.default_max_audio_frames, limits=sa.limits, **stage)
