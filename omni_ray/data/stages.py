@@ -94,11 +94,15 @@ class _Stage:
     def process(self, cols: dict[str, list], n: int) -> None:
         raise NotImplementedError
 
-    @staticmethod
-    def _pending(cols: dict[str, list], n: int) -> list[int]:
-        """Rows this stage works on: no error yet and a chunk from upstream."""
-        return [i for i in range(n) if plain(cols["error"][i]) is None
+    def _run_pending(self, cols: dict[str, list], n: int, chunk_type: type, has_downstream: bool
+                     ) -> dict[int, StageRun]:
+        """Step the rows that have no error yet and a chunk from upstream: row -> its run."""
+        todo = [i for i in range(n) if plain(cols["error"][i]) is None
                 and plain(cols[CHUNK][i]) is not None]
+        reqs = {i: OmniRequest.model_validate_json(cols[REQUEST][i]) for i in todo}
+        chunks = {reqs[i].request_id: [decode_chunk(cols[CHUNK][i], chunk_type)] for i in todo}
+        runs = run_stage(self.logic, [(reqs[i], has_downstream) for i in todo], chunks)
+        return {i: runs[reqs[i].request_id] for i in todo}
 
 
 class ThinkerStage(_Stage):
@@ -154,13 +158,9 @@ class TalkerStage(_Stage):
     stage = "talker"
 
     def process(self, cols: dict[str, list], n: int) -> None:
-        todo = self._pending(cols, n)
-        reqs = {i: OmniRequest.model_validate_json(cols[REQUEST][i]) for i in todo}
-        chunks = {reqs[i].request_id: [decode_chunk(cols[CHUNK][i], ThinkerChunk)] for i in todo}
-        runs = run_stage(self.logic, [(reqs[i], True) for i in todo], chunks)
+        runs = self._run_pending(cols, n, ThinkerChunk, has_downstream=True)
         cols["codec_frames"] = [0] * n
-        for i in todo:
-            run = runs[reqs[i].request_id]
+        for i, run in runs.items():
             cols[CHUNK][i] = None
             if run.error:
                 cols["error"][i] = f"talker: {run.error}"
@@ -178,13 +178,9 @@ class Code2WavStage(_Stage):
     def process(self, cols: dict[str, list], n: int) -> None:
         from omni_ray.pipeline.code2wav import SAMPLE_RATE
 
-        todo = self._pending(cols, n)
-        reqs = {i: OmniRequest.model_validate_json(cols[REQUEST][i]) for i in todo}
-        chunks = {reqs[i].request_id: [decode_chunk(cols[CHUNK][i], CodecChunk)] for i in todo}
-        runs = run_stage(self.logic, [(reqs[i], False) for i in todo], chunks)
+        runs = self._run_pending(cols, n, CodecChunk, has_downstream=False)
         samples: list = [None] * n
-        for i in todo:
-            run = runs[reqs[i].request_id]
+        for i, run in runs.items():
             if run.error:
                 cols["error"][i] = f"code2wav: {run.error}"
                 continue
