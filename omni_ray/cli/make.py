@@ -30,8 +30,10 @@ def add_parsers(sub) -> None:
 
 
 def run_tiny(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from omni_ray.cli.loading import warnings_to_stderr
     from omni_ray.models.tiny import make_tiny_checkpoint
 
+    warnings_to_stderr()  # transformers' own bars and config chatter off: the status line says it
     with Progress.from_args(args).step(f"making the tiny checkpoint in {args.dir} "
                                        "(random weights)"):
         out = make_tiny_checkpoint(args.dir, seed=args.seed)
@@ -40,8 +42,10 @@ def run_tiny(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def run_dummy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from omni_ray.cli.loading import warnings_to_stderr
     from omni_ray.models.dummy import make_dummy_checkpoint
 
+    warnings_to_stderr()
     with Progress.from_args(args).step(f"writing a {args.shape} stand-in to {args.dir} "
                                        "(random weights at load)"):
         out = make_dummy_checkpoint(args.dir, shape=args.shape, seed=args.seed,
