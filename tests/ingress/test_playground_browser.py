@@ -261,7 +261,8 @@ def test_speak_this_text_plays_the_speech_answer(page, base_url):
     pcm = np.frombuffer(r.content, "<i2")
     assert r.status_code == 200 and pcm.size == SPEECH_FRAMES * 1920 - 555
     assert st["speechBytes"] == len(r.content)
-    assert st["speechChecksum"] == int(np.int32(pcm.astype(np.int64).sum() & 0xFFFFFFFF))
+    total = int(pcm.astype(np.int64).sum())  # the page's sum wraps as a JS int32 (x | 0)
+    assert st["speechChecksum"] == (total + 2**31) % 2**32 - 2**31
     assert st["audioSeconds"] == pytest.approx(pcm.size / 24000, abs=1e-6)
     assert page.inner_text(".msg.assistant .body").startswith("Read this aloud, please. (spoken:")
     assert not page.is_visible("#error")
