@@ -77,3 +77,8 @@ def _aac(x, sample_rate: int) -> bytes:
             out.mux(stream.encode(frame))
         out.mux(stream.encode(None))  # flush
     return buf.getvalue()
+
+# ``omni-ray speak --out``: the file's suffix is the speech API's ``response_format`` (so .opus is
+# Ogg Opus and .pcm raw int16, as the API answers them) -> our format name for ``encode_audio``.
+SPEECH_SUFFIXES = {".mp3": "mp3", ".opus": "opus", ".aac": "aac", ".flac": "flac",
+                   ".wav": "wav", ".pcm": "pcm16"}

@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from omni_ray.cli.generate import warnings_to_stderr
+    from omni_ray.cli.loading import warnings_to_stderr
     from omni_ray.data.config import from_serving_args
 
     warnings_to_stderr()

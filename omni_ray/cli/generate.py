@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 from pathlib import Path
 
 from omni_ray.audio_formats import AUDIO_SUFFIXES
 from omni_ray.cli.argtypes import MODALITIES, modalities, positive_int, token_ids
+from omni_ray.cli.loading import find_checkpoint, load_omni
+from omni_ray.cli.progress import Progress, add_progress_flags
 from omni_ray.cli.serve_config import add_app_flags, serving_args
 from omni_ray.config.defaults import (DEFAULT_CODE2WAV_MODE, DEFAULT_MAX_AUDIO_FRAMES,
                                       DEFAULT_MAX_TOKENS, DEFAULT_MODE, DEFAULT_SPEAKER)
@@ -61,16 +61,14 @@ def add_parser(sub) -> None:
     gen.add_argument("--out", type=Path, default=None,
                      help=f"write the audio, by suffix: {', '.join(AUDIO_SUFFIXES)}")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    add_progress_flags(gen)
     gen.set_defaults(run=run, parser=gen)
-
-
-def _status(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     # 1) Check what argparse cannot, before loading anything.
     _check_args(parser, args)
+    progress = Progress.from_args(args)
     wants_audio = "audio" in args.modalities
     pipeline = {"mode": args.mode, "code2wav_mode": args.code2wav_mode}
     try:
@@ -79,32 +77,16 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(str(e))
 
     # 2) Find (or make, or fetch) the checkpoint; say when its weights are random.
-    warnings_to_stderr()
-    if sa.model == "tiny" and not (Path(sa.resolved_model_dir()) / "config.json").is_file():
-        _status(f"making the tiny checkpoint in {sa.resolved_model_dir()} ...")
-    try:
-        model = sa.checkpoint_dir()
-    except (OSError, ValueError) as e:
-        parser.error(str(e))
+    model = find_checkpoint(parser, sa, progress)
     speaker = _speaker(parser, args, sa, model) if wants_audio else sa.default_speaker
 
-    # 3) Load only the stages the modalities need.
-    import torch
-
-    from omni_ray.offline import Omni
-
-    stages = "thinker, talker, code2wav" if wants_audio else "thinker"
-    _status(f"loading {model} ({stages}) on {sa.thinker.device} ...")
-    t0 = time.perf_counter()
-    omni = Omni(model, mode=sa.pipeline.mode, pipeline=sa.pipeline, device=sa.thinker.device,
-                dtype=getattr(torch, sa.thinker.dtype), audio=wants_audio,
-                thinker_backend=sa.thinker.backend, thinker_engine_kwargs=sa.thinker.engine_kwargs,
-                talker_backend=sa.talker.backend, talker_engine_kwargs=sa.talker.engine_kwargs)
+    # 3) Load only the stages the modalities need, then generate.
+    omni = load_omni(sa, model, progress, audio=wants_audio)
     try:
-        _status(f"loaded in {time.perf_counter() - t0:.1f} s; generating ...")
         request = _request(parser, args, omni, sa, speaker)
         try:
-            out = omni.generate(request)[0]
+            with progress.step("generating"):
+                out = omni.generate(request)[0]
         except ValueError as e:  # runners raise ValueError for requests they cannot serve
             parser.exit(2, f"{parser.prog}: error: {e}\n")
     finally:
@@ -138,18 +120,6 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--out needs audio output; drop --modalities text")
     if args.out is not None and args.out.suffix.lower() not in AUDIO_SUFFIXES:
         parser.error(f"--out {args.out}: the file name must end in {', '.join(AUDIO_SUFFIXES)}")
-
-
-def warnings_to_stderr() -> None:
-    """Library warnings (random weights, ...) as one ``WARNING: ...`` line each; transformers'
-    progress bars and config chatter off (stdout may be JSON)."""
-    import logging
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
 
 
 def _speaker(parser, args, sa, model: str) -> str:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from omni_ray.cli.progress import Progress, add_progress_flags
 from omni_ray.models.dummy import DEFAULT_SHAPE, SHAPES
 
 
@@ -14,6 +14,7 @@ def add_parsers(sub) -> None:
                           "(random weights)")
     tiny.add_argument("dir", type=Path, help="output directory (created)")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    add_progress_flags(tiny)
     tiny.set_defaults(run=run_tiny, parser=tiny)
 
     dummy = sub.add_parser("make-dummy", help="write a Qwen3-Omni stand-in checkpoint without "
@@ -24,22 +25,30 @@ def add_parsers(sub) -> None:
     dummy.add_argument("--seed", type=int, default=0, help="weight seed used at load (default 0)")
     dummy.add_argument("--no-processor", action="store_true",
                        help="no audio/image processor files (they need torchvision)")
+    add_progress_flags(dummy)
     dummy.set_defaults(run=run_dummy, parser=dummy)
 
 
 def run_tiny(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from omni_ray.cli.loading import warnings_to_stderr
     from omni_ray.models.tiny import make_tiny_checkpoint
 
-    print(f"making the tiny checkpoint in {args.dir} (random weights) ...", file=sys.stderr)
-    print(make_tiny_checkpoint(args.dir, seed=args.seed))
+    warnings_to_stderr()  # transformers' own bars and config chatter off: the status line says it
+    with Progress.from_args(args).step(f"making the tiny checkpoint in {args.dir} "
+                                       "(random weights)"):
+        out = make_tiny_checkpoint(args.dir, seed=args.seed)
+    print(out)
     return 0
 
 
 def run_dummy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from omni_ray.cli.loading import warnings_to_stderr
     from omni_ray.models.dummy import make_dummy_checkpoint
 
-    print(f"writing a {args.shape} stand-in to {args.dir} (random weights at load) ...",
-          file=sys.stderr)
-    print(make_dummy_checkpoint(args.dir, shape=args.shape, seed=args.seed,
-                                processor=not args.no_processor))
+    warnings_to_stderr()
+    with Progress.from_args(args).step(f"writing a {args.shape} stand-in to {args.dir} "
+                                       "(random weights at load)"):
+        out = make_dummy_checkpoint(args.dir, shape=args.shape, seed=args.seed,
+                                    processor=not args.no_processor)
+    print(out)
     return 0

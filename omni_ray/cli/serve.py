@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     # 1) Validate the app's args and find the checkpoint before starting anything.
-    from omni_ray.cli.generate import warnings_to_stderr
+    from omni_ray.cli.loading import warnings_to_stderr
 
     warnings_to_stderr()
     extra = {"model_id": args.model_id, "security": {"api_keys_env": args.api_key_env}}

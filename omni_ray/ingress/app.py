@@ -2,8 +2,8 @@
 
 Routes: ``POST /v1/chat/completions`` (text and/or audio out, streaming or not),
 ``POST /v1/audio/transcriptions``, ``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health``,
-``GET /debug/stats`` (off unless enabled). Python callers
-use ``generate`` through a ``DeploymentHandle`` (``handle.options(stream=True)``).
+``GET /debug/stats`` (off unless enabled). Python callers use ``generate`` and ``speak``
+(streams: ``handle.options(stream=True)``) and ``transcribe`` through a ``DeploymentHandle``.
 """
 
 from __future__ import annotations
@@ -280,13 +280,54 @@ class OmniIngress:
         """
         track = self.metrics.track(body.get("modalities") if isinstance(body, dict) else None)
         try:
-            parsed = ChatCompletionRequest.model_validate(body)
+            parsed = _validate(ChatCompletionRequest, body)
             req, _ = await self._to_request(parsed)
         except APIError as e:
             track.finish(RequestStatus.INVALID, "invalid_request")
             raise ValueError(e.message) from None
+        stream = await self._open_for_handle(req, track)
+        async for ev in self._events(req, stream, track):
+            yield ev
+
+    async def speak(self, body: dict) -> AsyncIterator[dict]:
+        """Text to speech for a ``/v1/audio/speech`` body (``model``, ``input``, ``voice``,
+        ``max_audio_frames``; the answer is always raw audio, so ``response_format`` and
+        ``stream_format`` are ignored): ``audio`` events as ``generate``'s, then ``done``
+        (``text``: the input as spoken, ``usage``). Errors as ``generate``'s."""
+        track = self.metrics.track(["audio"])
         try:
-            stream = await self.client.open(req)
+            req = await self._speech_request(_validate(SpeechRequest, body))
+        except APIError as e:
+            track.finish(RequestStatus.INVALID, "invalid_request")
+            raise ValueError(e.message) from None
+        stream = await self._open_for_handle(req, track)
+        async for ev in self._events(req, stream, track):
+            if ev["type"] != "text":  # the given text itself: the done event carries it
+                yield ev
+
+    async def transcribe(self, body: dict) -> dict:
+        """A transcription (``/v1/audio/transcriptions``' fields as a dict, ``file`` the audio
+        file's bytes, wav or mp3): ``{"text": str, "usage": {...}}`` as the route's ``json``
+        answer. Errors as ``generate``'s."""
+        track = self.metrics.track(["text"])
+        try:
+            form = transcribe.form_from_body(body, self.args.limits)
+            chat = ChatCompletionRequest.model_validate(
+                transcribe.chat_body(form, self.args.limits))
+            req, _ = await self._to_request(chat)
+        except APIError as e:
+            track.finish(RequestStatus.INVALID, "invalid_request")
+            raise ValueError(transcribe.as_file_error(e).message) from None
+        stream = await self._open_for_handle(req, track)
+        done = None
+        async for ev in self._events(req, stream, track):
+            done = ev if ev["type"] == "done" else done
+        return {"text": done["text"], "usage": transcribe.usage(done["usage"])}
+
+    async def _open_for_handle(self, req: OmniRequest, track: RequestTrack) -> PipelineStream:
+        """Open the request's stages for a handle caller: refusals raise as they are."""
+        try:
+            return await self.client.open(req)
         except StageUnavailable as e:
             track.finish(RequestStatus.REJECTED, e.code)
             raise
@@ -296,8 +337,6 @@ class OmniIngress:
         except ValueError:
             track.finish(RequestStatus.INVALID, "invalid_request")
             raise
-        async for ev in self._events(req, stream, track):
-            yield ev
 
     # -- internals -------------------------------------------------------------------------------
     def _check_model(self, model: str) -> None:
@@ -691,6 +730,20 @@ def _media_token_ids(model_dir) -> dict:
     th = json.loads((Path(model_dir) / "config.json").read_text()).get("thinker_config", {})
     return {"audio": th.get("audio_token_id"),
             "image": {t for t in (th.get("image_token_id"), th.get("video_token_id")) if t}}
+
+
+def _validate(model, body):
+    """``model.model_validate(body)`` for a handle caller; a ``ValidationError`` (which does not
+    pickle well across Ray) as a 400 ``APIError`` naming the first field."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err.get("loc", ())) or None
+        raise bad_request(f"{field}: {err.get('msg')}" if field else str(err.get("msg")),
+                          field) from None
 
 
 def _task_cancelling() -> bool:

@@ -1,7 +1,9 @@
 """The browser playground: one HTML page plus its JS and CSS, shipped in ``ingress/static/``.
 
 The page speaks only the OpenAI-compatible API (``GET /v1/models``, ``GET /v1/audio/voices``,
-streaming ``POST /v1/chat/completions``); these helpers just hand out the files. Static names are looked up
+streaming ``POST /v1/chat/completions`` with text, recorded or uploaded audio and uploaded images
+as ``image_url`` data URLs, and ``POST /v1/audio/speech`` for "speak this text"); these helpers
+just hand out the files. Static names are looked up
 in an allow-list, so a request can never reach another file (no path traversal).
 """
 

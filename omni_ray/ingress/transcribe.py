@@ -75,6 +75,38 @@ async def read_form(request: Request, limits) -> dict:
                                   key, code="unsupported_parameter")
             continue
         out[key] = value
+    return check_form(out)
+
+
+def form_from_body(body: dict, limits) -> dict:
+    """A ``DeploymentHandle`` caller's request (``{"model", "file": bytes, "language",
+    "prompt", "temperature"}``) as ``read_form`` gives it, checked alike."""
+    if not isinstance(body, dict):
+        raise bad_request("the request must be a dict (model, file, ...)", code="invalid_body")
+    out: dict = {}
+    for key, value in body.items():
+        if key not in FIELDS or key == "response_format":
+            raise APIError(400, f"{key}: unrecognized request argument", param=key,
+                           code="unknown_parameter")
+        if key == "file":
+            if not isinstance(value, bytes | bytearray):
+                raise bad_request("file: must be the audio file's bytes", "file")
+            if len(value) > limits.max_audio_bytes:
+                raise bad_request(f"file: over limits.max_audio_bytes={limits.max_audio_bytes}",
+                                  "file", code="audio_too_large")
+            out["file"], out["filename"] = bytes(value), ""
+        elif key == "temperature":
+            out[key] = str(value)
+        elif not isinstance(value, str):
+            raise bad_request(f"{key}: must be a string", key)
+        else:
+            out[key] = value
+    return check_form(out)
+
+
+def check_form(out: dict) -> dict:
+    """The checks of the fields' values common to both ways in; adds ``file_format`` and
+    ``duration``."""
     for key in ("file", "model"):
         if key not in out:
             raise bad_request(f"{key}: required", key, code="missing_required_parameter")
@@ -130,20 +162,24 @@ def as_file_error(e: APIError) -> APIError:
     return e
 
 
+def usage(u: dict) -> dict:
+    """A chat answer's ``usage`` as a transcription's (``type: tokens``)."""
+    p = u["prompt_tokens_details"]
+    return {"type": "tokens", "input_tokens": u["prompt_tokens"],
+            "input_token_details": {"audio_tokens": p["audio_tokens"],
+                                    "text_tokens": p["text_tokens"]},
+            "output_tokens": u["completion_tokens"], "total_tokens": u["total_tokens"]}
+
+
 def response(form: dict, answer: dict):
     """OpenAI's transcription answer in ``response_format``."""
     text = answer["choices"][0]["message"]["content"] or ""
-    u = answer["usage"]
-    p = u["prompt_tokens_details"]
-    usage = {"type": "tokens", "input_tokens": u["prompt_tokens"],
-             "input_token_details": {"audio_tokens": p["audio_tokens"],
-                                     "text_tokens": p["text_tokens"]},
-             "output_tokens": u["completion_tokens"], "total_tokens": u["total_tokens"]}
+    usage_ = usage(answer["usage"])
     fmt = form["response_format"]
     if fmt == "text":
         return PlainTextResponse(text)
     if fmt == "json":
-        return JSONResponse({"text": text, "usage": usage})
+        return JSONResponse({"text": text, "usage": usage_})
     # No segments or words: the thinker gives no timestamps (and none is made up here).
     seconds = round(form["duration"], 3)
     return JSONResponse({"task": "transcribe", "language": form.get("language") or "unknown",

@@ -56,10 +56,11 @@ def test_config_speaker_any_case_and_flac(omni, tiny_model_dir, tmp_path, capsys
                    f"default_max_audio_frames: 12}}\n")
     flac = tmp_path / "a.flac"
     got, err = _run(capsys, ["generate", "--config", str(cfg), "--text", "Hello", "--json",
-                             "--speaker", "CHELSIE", "--out", str(flac)])
+                             "--speaker", "CHELSIE", "--out", str(flac), "--progress"])
     want = omni.generate(OmniRequest(request_id="cli", prompt_token_ids=omni.prompt_ids("Hello"),
                                      speaker="chelsie", max_tokens=5, max_audio_frames=12))[0]
     assert (got["mode"], got["speaker"], got["model"]) == ("sync", "chelsie", tiny_model_dir)
+    # status lines (forced: capsys is no terminal; tests/cli/test_progress.py has the rest)
     assert f"loading {tiny_model_dir} (thinker, talker, code2wav)" in err and "generating" in err
     assert got["text_token_ids"] == want.text_token_ids and got["codec_frames"] == 12
     audio, rate = sf.read(str(flac), dtype="int16")
@@ -70,7 +71,7 @@ def test_config_speaker_any_case_and_flac(omni, tiny_model_dir, tmp_path, capsys
                for r in caplog.records)  # the tiny checkpoint is random: said once, as a warning
     # the config's default voice when --speaker is not given
     got, err = _run(capsys, ["generate", "--config", str(cfg), "--text", "Hello", "--json",
-                             "--modalities", "text"])
+                             "--modalities", "text", "--progress"])
     assert f"loading {tiny_model_dir} (thinker) on cpu" in err
     assert got["text_token_ids"] == want.text_token_ids
 

@@ -34,4 +34,4 @@ def test_page_links_only_allow_listed_files_and_no_cdn():
     js = (playground.STATIC_DIR / "playground.js").read_text()
     # Only the OpenAI-compatible endpoints.
     assert set(re.findall(r'url\("([^"]+)"\)', js)) == {"v1/models", "v1/chat/completions",
-                                                          "v1/audio/voices"}
+                                                          "v1/audio/voices", "v1/audio/speech"}

@@ -216,3 +216,77 @@ def test_stream_error_events_are_shown(page, base_url):
     page.wait_for_selector("#error:not([hidden])")
     assert page.inner_text("#error").startswith("stream error:")
     assert "failed" in page.inner_text("#error")
+
+
+SPEECH_FRAMES = 12  # the test's bound on the spoken answer (the page sends none: the API's bound)
+
+
+def test_speak_this_text_plays_the_speech_answer(page, base_url):
+    """"speak this text" posts the text to /v1/audio/speech (raw pcm) and plays the answer as it
+    arrives: the page received exactly the bytes the same request gets over plain HTTP."""
+    import json
+
+    import httpx
+    import numpy as np
+
+    page.add_init_script(f"localStorage.setItem({KEY_STORAGE!r}, {API_KEY!r})")
+
+    sent = []  # the bodies the page posted
+
+    def bounded(route):  # the talker's length, for a quick test (the page's body is checked)
+        sent.append(route.request.post_data_json)
+        route.continue_(post_data=json.dumps(dict(sent[-1], max_audio_frames=SPEECH_FRAMES)))
+
+    page.route("**/v1/audio/speech", bounded)
+    page.goto(f"{base_url}/playground")
+    page.wait_for_function("() => window.__playground.model !== null")
+    page.select_option("#voice", "aiden")
+    page.check("#speak-mode")
+    page.fill("#message", "Read this aloud, please.")
+    page.click("#send")
+    page.wait_for_function("() => /^(done|error)/.test(window.__playground.status)",
+                           timeout=300_000)
+    assert sent == [{"model": "qwen3-omni", "input": "Read this aloud, please.", "voice": "aiden",
+                     "response_format": "pcm"}]
+    page.wait_for_function("() => window.__playground.playbackStarted", timeout=30_000)
+    st = _state(page)
+    assert st["status"] == "done (speech)" and st["error"] is None, st
+    assert 0 < st["firstAudioMs"] <= st["doneMs"] and st["audioChunksScheduled"] >= 1
+
+    r = httpx.post(f"{base_url}/v1/audio/speech", timeout=300,
+                   headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"model": "qwen3-omni", "input": "Read this aloud, please.",
+                         "voice": "aiden", "response_format": "pcm",
+                         "max_audio_frames": SPEECH_FRAMES})
+    pcm = np.frombuffer(r.content, "<i2")
+    assert r.status_code == 200 and pcm.size == SPEECH_FRAMES * 1920 - 555
+    assert st["speechBytes"] == len(r.content)
+    total = int(pcm.astype(np.int64).sum())  # the page's sum wraps as a JS int32 (x | 0)
+    assert st["speechChecksum"] == (total + 2**31) % 2**32 - 2**31
+    assert st["audioSeconds"] == pytest.approx(pcm.size / 24000, abs=1e-6)
+    assert page.inner_text(".msg.assistant .body").startswith("Read this aloud, please. (spoken:")
+    assert not page.is_visible("#error")
+
+
+def test_uploaded_image_is_sent_as_an_image_url(page, base_url, tmp_path):
+    import base64
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from media_samples import image_bytes, picture
+
+    png = tmp_path / "photo.png"
+    png.write_bytes(image_bytes(picture()))
+    _open_with_key(page, base_url)
+    page.set_input_files("#image-file", str(png))
+    page.wait_for_function("() => window.__playground.image !== null")
+    assert page.inner_text("#image-label").startswith("🖼 photo.png (")
+    body = _send(page, "What is in the picture?")
+    assert body["messages"][-1] == {"role": "user", "content": [
+        {"type": "image_url",
+         "image_url": {"url": "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()}},
+        {"type": "text", "text": "What is in the picture?"}]}
+    assert page.is_hidden("#image-attachment")  # sent with this message only
+    st = _answered(page)
+    # The server decoded the image and put its placeholder tokens in the prompt.
+    assert st["usage"]["prompt_tokens_details"]["image_tokens"] > 0, st["usage"]

@@ -1,7 +1,9 @@
 // omni_ray playground: streaming chat over the OpenAI-compatible API only
-// (GET v1/models, GET v1/audio/voices, POST v1/chat/completions with stream: true). Text is shown as it arrives;
+// (GET v1/models, GET v1/audio/voices, POST v1/chat/completions with stream: true; in "speak this
+// text" mode POST v1/audio/speech with response_format pcm). Text is shown as it arrives;
 // speech (pcm16, 24 kHz mono, little-endian) is decoded per chunk and scheduled back to back
-// with Web Audio, so playback starts with the first chunk.
+// with Web Audio, so playback starts with the first chunk. Images go in the user message as
+// image_url data URLs.
 "use strict";
 
 (() => {
@@ -17,10 +19,12 @@
     text: "", transcript: "", finishReason: null, usage: null,
     firstTokenMs: null, firstAudioMs: null, doneMs: null,
     audioChunksScheduled: 0, audioSeconds: 0, playbackStarted: false,
-    attachment: null, recording: false,
+    attachment: null, recording: false, image: null,
+    speechBytes: 0, speechChecksum: 0, // raw pcm of the last spoken text: its length and sum of int16s
   });
   const history = []; // this conversation, as OpenAI messages
   let attached = null; // spoken input for the next message: {data (base64), format, seconds}
+  let attachedImage = null; // image for the next message: {url (a data: URL), label}
   let recorder = null; // MediaRecorder while recording
   let player = null; // {ctx, nextTime, sources}
   let controller = null; // AbortController of the request in flight
@@ -126,6 +130,14 @@
       const v = bin.charCodeAt(2 * i) | (bin.charCodeAt(2 * i + 1) << 8);
       out[i] = (v >= 0x8000 ? v - 0x10000 : v) / 32768;
     }
+    return out;
+  }
+
+  // Little-endian int16 bytes as float32 samples (an even number of bytes).
+  function pcmBytesToFloat32(bytes) {
+    const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    const out = new Float32Array(bytes.byteLength >> 1);
+    for (let i = 0; i < out.length; i++) out[i] = view.getInt16(2 * i, true) / 32768;
     return out;
   }
 
@@ -257,6 +269,22 @@
     else attach({ data: b64(decoded.bytes), format: "wav", seconds: decoded.seconds, label: file.name });
   }
 
+  function attachImage(image) {
+    attachedImage = image;
+    state.image = image ? { label: image.label, bytes: image.bytes, type: image.type } : null;
+    $("image-attachment").hidden = !image;
+    $("image-label").textContent = image ? `🖼 ${image.label} (${Math.ceil(image.bytes / 1024)} KiB)` : "";
+  }
+
+  function readImage(file) {
+    return new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve({ url: reader.result, label: file.name, bytes: file.size, type: file.type });
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(file);
+    });
+  }
+
   async function toggleRecording() {
     if (recorder) { recorder.stop(); return; }
     const stream = await navigator.mediaDevices.getUserMedia({ audio: true });
@@ -295,14 +323,18 @@
       playbackStarted: false,
     });
     render();
-    const audio = attached;
+    const audio = attached, image = attachedImage;
     attach(null);
-    const content = audio
-      ? [{ type: "input_audio", input_audio: { data: audio.data, format: audio.format } },
+    attachImage(null);
+    const content = audio || image
+      ? [...(audio ? [{ type: "input_audio", input_audio: { data: audio.data, format: audio.format } }] : []),
+         ...(image ? [{ type: "image_url", image_url: { url: image.url } }] : []),
          ...(message ? [{ type: "text", text: message }] : [])]
       : message;
     history.push({ role: "user", content });
-    bubble("user", audio ? `🎤 ${audio.label} (${audio.seconds.toFixed(1)} s)${message ? " " + message : ""}` : message);
+    const said = [audio ? `🎤 ${audio.label} (${audio.seconds.toFixed(1)} s)` : "",
+                  image ? `🖼 ${image.label}` : "", message].filter(Boolean).join(" ");
+    bubble("user", said);
     const out = bubble("assistant", "");
     const t0 = performance.now();
     const since = () => Math.round(performance.now() - t0);
@@ -373,6 +405,68 @@
     }
   }
 
+  // -- "speak this text": POST v1/audio/speech, raw pcm played as it arrives ------------------
+  async function speak(text) {
+    ensurePlayer(); stopAudio(); // inside the click: browsers allow audio then
+    clearError();
+    const reqId = ++state.requests;
+    Object.assign(state, {
+      status: "connecting", text: "", transcript: "", finishReason: null, usage: null,
+      firstTokenMs: null, firstAudioMs: null, doneMs: null, audioChunksScheduled: 0, audioSeconds: 0,
+      playbackStarted: false, speechBytes: 0, speechChecksum: 0,
+    });
+    render();
+    bubble("user", `🔊 ${text}`);
+    const out = bubble("assistant", "");
+    out.classList.add("transcript");
+    const t0 = performance.now();
+    const since = () => Math.round(performance.now() - t0);
+    controller = new AbortController();
+    setBusy(true);
+    try {
+      const model = state.model || (await loadModels());
+      const body = { model, input: text, voice: $("voice").value, response_format: "pcm" };
+      const resp = await fetch(url("v1/audio/speech"), {
+        method: "POST", headers: headers(true), body: JSON.stringify(body),
+        signal: controller.signal,
+      });
+      if (!resp.ok) throw await httpError("POST /v1/audio/speech", resp);
+      state.status = "streaming";
+      render();
+      const reader = resp.body.getReader();
+      let carry = null; // an odd byte left over from the previous read
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        let bytes = value;
+        if (carry !== null) { bytes = new Uint8Array(value.length + 1); bytes[0] = carry; bytes.set(value, 1); carry = null; }
+        if (bytes.length % 2) { carry = bytes[bytes.length - 1]; bytes = bytes.subarray(0, bytes.length - 1); }
+        if (!bytes.length) continue;
+        if (state.firstAudioMs === null) state.firstAudioMs = since();
+        const samples = pcmBytesToFloat32(bytes);
+        state.speechBytes += bytes.length;
+        const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+        for (let i = 0; i < samples.length; i++) state.speechChecksum = (state.speechChecksum + view.getInt16(2 * i, true)) | 0;
+        scheduleChunk(samples, reqId);
+        render();
+      }
+      state.doneMs = since();
+      out.textContent = `${text} (spoken: ${state.audioSeconds.toFixed(2)} s)`;
+      state.status = "done (speech)";
+    } catch (e) {
+      if (e.name === "AbortError") {
+        state.status = "stopped";
+      } else {
+        state.status = "error";
+        showError(e.message || String(e));
+      }
+    } finally {
+      controller = null;
+      setBusy(false);
+      render();
+    }
+  }
+
   // -- wiring ----------------------------------------------------------------------------------
   function init() {
     const keyInput = $("api-key");
@@ -388,7 +482,14 @@
     $("composer").addEventListener("submit", (e) => {
       e.preventDefault();
       const text = $("message").value.trim();
-      if ((!text && !attached) || controller) return;
+      if (controller) return;
+      if ($("speak-mode").checked) { // voices the text alone: attachments wait for a chat message
+        if (!text) return;
+        $("message").value = "";
+        speak(text);
+        return;
+      }
+      if (!text && !attached && !attachedImage) return;
       $("message").value = "";
       send(text);
     });
@@ -402,6 +503,12 @@
       if (file) attachFile(file).catch((err) => showError(`could not read ${file.name}: ${err.message || err}`));
     });
     $("detach").addEventListener("click", () => attach(null));
+    $("image-file").addEventListener("change", (e) => {
+      const file = e.target.files[0];
+      e.target.value = "";
+      if (file) readImage(file).then(attachImage, (err) => showError(`could not read ${file.name}: ${err.message || err}`));
+    });
+    $("detach-image").addEventListener("click", () => attachImage(null));
     if (navigator.mediaDevices && window.MediaRecorder) {
       $("record").addEventListener("click", () => {
         clearError();
@@ -416,6 +523,7 @@
       stopAudio();
       history.length = 0;
       attach(null);
+      attachImage(null);
       $("log").replaceChildren();
       clearError();
     });
