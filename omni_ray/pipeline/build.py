@@ -33,7 +33,7 @@ def make_runner(stage: str, model_dir: str | Path, *, pipeline: PipelineConfig,
         return make_talker_runner(backend, model_dir, device, dtype, max_num_seqs, engine_kwargs)
     if stage == "code2wav":
         from omni_ray.models.loading import load_stage
-        from omni_ray.runners.code2wav import Code2WavRunner
+        from omni_ray.runners.transformers.code2wav import Code2WavRunner
 
         m = load_stage(model_dir, "code2wav", device, dtype)
         return Code2WavRunner(m.module, mode=pipeline.code2wav_mode,

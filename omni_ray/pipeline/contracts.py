@@ -2,8 +2,8 @@
 
 Each holds exactly what ``pipeline/`` calls (``ThinkerLogic``, ``TalkerLogic``, ``Code2WavLogic``,
 the KV logics, ``LocalPipeline``), so a backend is any class with these methods: the transformers
-runners (``runners/thinker.py``, ``talker.py``, ``code2wav.py``) and the vLLM ones
-(``runners/vllm_thinker.py``, ``vllm_talker.py``). tests/pipeline/test_contracts.py checks every
+runners (``runners/transformers/thinker.py``, ``talker.py``, ``code2wav.py``) and the vLLM ones
+(``runners/vllm/thinker.py``, ``talker.py``). tests/pipeline/test_contracts.py checks every
 backend against them; tests/pipeline/test_core.py drives the logic with fakes that satisfy them.
 
 Request bookkeeping the runners also offer (``request_ids``, ``has_unfinished`` on the talker,
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class ThinkerStepOutputLike(Protocol):
-    """One request's result of a thinker step (``runners.thinker.ThinkerStepOutput``)."""
+    """One request's result of a thinker step (``runners.transformers.thinker.ThinkerStepOutput``)."""
 
     request_id: str
     new_token_ids: list[int]
@@ -34,7 +34,7 @@ class ThinkerStepOutputLike(Protocol):
 
 
 class TalkerStepOutputLike(Protocol):
-    """One request's result of a talker step (``runners.talker_inputs.TalkerStepOutput``)."""
+    """One request's result of a talker step (``runners.transformers.talker_inputs.TalkerStepOutput``)."""
 
     request_id: str
     frames: torch.Tensor              # [n, num_code_groups] int64, n is 0 or 1

@@ -29,14 +29,14 @@ def make_thinker_runner(backend: str, model_dir: str | Path, device: str = "cpu"
             raise ValueError("thinker_engine_kwargs apply to the vllm thinker_backend only, "
                              f"got {sorted(engine_kwargs)} with 'transformers'")
         from omni_ray.models.loading import load_stage
-        from omni_ray.runners.thinker import ThinkerRunner
+        from omni_ray.runners.transformers.thinker import ThinkerRunner
 
         th = load_stage(model_dir, "thinker", device, dtype)
         return ThinkerRunner(th.module, eos_token_ids=[th.config.im_end_token_id],
                              max_num_seqs=max_num_seqs, device=device,
                              accept_hidden_layer=th.config.talker_config.accept_hidden_layer)
 
-    from omni_ray.runners.vllm_thinker import VllmThinkerRunner
+    from omni_ray.runners.vllm.thinker import VllmThinkerRunner
 
     kwargs = dict(_CPU_ENGINE_DEFAULTS) if device == "cpu" else {}
     kwargs.update(engine_kwargs or {})
@@ -59,11 +59,11 @@ def make_talker_runner(backend: str, model_dir: str | Path, device: str = "cpu",
                          f"got {sorted(engine_kwargs)} with 'transformers'")
     tk = load_stage(model_dir, "talker", device, dtype)
     if backend == "transformers":
-        from omni_ray.runners.talker import TalkerRunner
+        from omni_ray.runners.transformers.talker import TalkerRunner
 
         return TalkerRunner(tk.module, tk.text_embedding, tk.config, max_num_seqs=max_num_seqs,
                             device=device)
-    from omni_ray.runners.vllm_talker import VllmTalkerRunner
+    from omni_ray.runners.vllm.talker import VllmTalkerRunner
 
     kwargs = dict(_CPU_ENGINE_DEFAULTS, kv_cache_memory_bytes=256 << 20) if device == "cpu" else {}
     kwargs.update(engine_kwargs or {})

@@ -1,4 +1,4 @@
-"""The vLLM end of the prefill/decode KV hand-off (omni_ray/runners/vllm_kv_connector.py).
+"""The vLLM end of the prefill/decode KV hand-off (omni_ray/runners/vllm/kv_connector.py).
 
 One vLLM engine with omni_ray's KV connector plays both sides (a second engine in one process
 would share vLLM's process-wide connector); the transformers runner is the reference and the
@@ -60,7 +60,7 @@ def run(runner, rid, ids, max_tokens, kv=None, first=None, stop=None):
 
 
 def assert_clean(runner):
-    from omni_ray.runners import vllm_kv_connector as conn
+    from omni_ray.runners.vllm import kv_connector as conn
 
     assert not runner.has_unfinished() and conn.SAVED == {} and conn.TO_LOAD == {}
 

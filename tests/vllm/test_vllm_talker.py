@@ -1,4 +1,4 @@
-"""Tests for the vLLM talker (omni_ray/runners/vllm_talker.py, omni_ray/models/vllm_talker.py).
+"""Tests for the vLLM talker (omni_ray/runners/vllm/talker.py, omni_ray/models/vllm_talker.py).
 
 Oracle: the transformers talker (``TalkerRunner``) and the transformers pipeline on the same
 tiny checkpoint, greedy. Two vLLM talker engines start here (~5-15 s each on CPU): one in a

@@ -1,4 +1,4 @@
-"""Tests for omni_ray/runners/vllm_thinker.py and the thinker backends in runners/factory.py.
+"""Tests for omni_ray/runners/vllm/thinker.py and the thinker backends in runners/factory.py.
 
 One vLLM engine (started through ``Omni(..., thinker_backend="vllm")``, 5-30 s on CPU) serves
 every test here; the oracle is the transformers ``ThinkerRunner`` on the same tiny checkpoint.
@@ -257,7 +257,7 @@ def test_engine_in_another_process_refuses_media_naming_why(tiny_model_dir):
     process get a clear error (a 400 at the ingress) instead of a talker without its hidden
     states. Built without starting a second engine: the check is on the runner's own state.
     (Compiled engines capture: tests/vllm/test_vllm_compiled.py.)"""
-    from omni_ray.runners.vllm_thinker import VllmThinkerRunner
+    from omni_ray.runners.vllm.thinker import VllmThinkerRunner
 
     runner = VllmThinkerRunner.__new__(VllmThinkerRunner)
     runner.media, runner._capture, runner._mm = True, None, {}

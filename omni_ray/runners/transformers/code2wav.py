@@ -48,7 +48,7 @@ class Code2WavRunner:
         self._reqs: dict[str, _Req] = {}
         self._stream = None
         if mode == "stateful":
-            from omni_ray.runners.code2wav_stream import StreamingCode2Wav
+            from omni_ray.runners.transformers.code2wav_stream import StreamingCode2Wav
 
             self._stream = StreamingCode2Wav(code2wav)
 

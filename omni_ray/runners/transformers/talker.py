@@ -1,7 +1,7 @@
 """Talker runner (transformers backend): codec frames from the thinker's text, step by step.
 
 Each request's inputs (prefill embeddings, the code predictor, the trailing text) are built by
-``TalkerInputs`` (runners/talker_inputs.py, which also says what the talker consumes and when a
+``TalkerInputs`` (runners/transformers/talker_inputs.py, which also says what the talker consumes and when a
 request must wait); this runner owns the backbone: one transformers KV cache per request, one
 request-forward at a time, the code predictor batched across requests on GPU.
 """
@@ -12,7 +12,7 @@ import torch
 
 from omni_ray.payload import FinishReason
 from omni_ray.runners.sampling import sample_token
-from omni_ray.runners.talker_inputs import (  # noqa: F401 - re-exported
+from omni_ray.runners.transformers.talker_inputs import (  # noqa: F401 - re-exported
     ASSISTANT_HEADER, TalkerInputs, TalkerRequests, TalkerSeq, TalkerStepOutput, user_positions)
 
 _Seq = TalkerSeq

@@ -40,7 +40,7 @@ import torch
 
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
-from omni_ray.runners.talker_inputs import (TalkerInputs, TalkerRequests, TalkerSeq,
+from omni_ray.runners.transformers.talker_inputs import (TalkerInputs, TalkerRequests, TalkerSeq,
                                              TalkerStepOutput)
 
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH,
@@ -74,7 +74,7 @@ class VllmTalkerRunner(TalkerRequests):
 
         from omni_ray.models.vllm_plugin import register
         from omni_ray.models.vllm_talker import TalkerScheduler
-        from omni_ray.runners.vllm_thinker import _no_torch_compile_on_cpu
+        from omni_ray.runners.vllm.thinker import _no_torch_compile_on_cpu
 
         register()
         talker.model.layers = torch.nn.ModuleList()  # vLLM runs the backbone
@@ -93,7 +93,7 @@ class VllmTalkerRunner(TalkerRequests):
             generation_config="vllm", disable_log_stats=True,
         )
         args.update(engine_kwargs or {})
-        from omni_ray.runners.vllm_process import shared_workspace
+        from omni_ray.runners.vllm.process import shared_workspace
 
         with _no_torch_compile_on_cpu(args["enforce_eager"]), shared_workspace():
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
@@ -108,7 +108,7 @@ class VllmTalkerRunner(TalkerRequests):
             model_runner.input_batch, model_runner.query_start_loc, model_runner.is_token_ids  # noqa: B018
         except AttributeError as e:
             raise RuntimeError("vLLM internals the talker bridge relies on have moved "
-                               f"({e}); see omni_ray/runners/vllm_talker.py") from e
+                               f"({e}); see omni_ray/runners/vllm/talker.py") from e
         if not isinstance(scheduler, TalkerScheduler) or not hasattr(model, "omni_bridge"):
             raise RuntimeError("vLLM did not use omni_ray's talker model / scheduler")
         self._bridge = _Bridge(self.inputs, model_runner, batch)
