@@ -45,9 +45,10 @@ def talker(mixed_omni):
 
 @pytest.fixture(scope="module")
 def hf_talker(tiny_model_dir):
-    from omni_ray.runners.factory import make_talker_runner
+    from omni_ray.config.pipeline import PipelineConfig
+    from omni_ray.runners.factory import make_runner, stage_config
 
-    return make_talker_runner("transformers", tiny_model_dir)
+    return make_runner("talker", tiny_model_dir, stage_config("talker"), pipeline=PipelineConfig())
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,12 @@ import pytest
 import torch
 from vllm_helpers import SMALL_ENGINE, VLLM_TESTS, idle_runner
 
+from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.sampling import SamplingParams
+from omni_ray.config.serving import StageConfig
 from omni_ray.payload import FinishReason
-from omni_ray.runners.factory import make_thinker_runner
+from omni_ray.runners.factory import make_runner, stage_config
 
 pytestmark = VLLM_TESTS
 GREEDY = SamplingParams()
@@ -42,7 +44,8 @@ def vllm_runner(vllm_omni):
 
 @pytest.fixture(scope="module")
 def hf_runner(tiny_model_dir):
-    return make_thinker_runner("transformers", tiny_model_dir, "cpu", torch.float32)
+    return make_runner("thinker", tiny_model_dir, stage_config("thinker", dtype=torch.float32),
+                       pipeline=PipelineConfig())
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +77,15 @@ def run(runner, requests: dict[str, tuple]) -> tuple[dict, dict]:
 # -- factory (no engine) ---------------------------------------------------------------------------
 def test_unknown_backend_names_the_field():
     with pytest.raises(ValueError, match="thinker_backend.*'tensorrt'"):
-        make_thinker_runner("tensorrt", "/nonexistent")
+        make_runner("thinker", "/nonexistent", StageConfig.model_construct(backend="tensorrt"),
+                    pipeline=PipelineConfig())
+    with pytest.raises(ValueError, match="thinker_backend.*'tensorrt'"):
+        stage_config("thinker", "tensorrt")
 
 
 def test_engine_kwargs_rejected_for_transformers():
     with pytest.raises(ValueError, match="thinker_engine_kwargs"):
-        make_thinker_runner("transformers", "/nonexistent", engine_kwargs={"max_model_len": 64})
+        stage_config("thinker", "transformers", engine_kwargs={"max_model_len": 64})
 
 
 # -- the vLLM runner against the transformers runner -------------------------------------------

@@ -35,6 +35,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -42,6 +43,10 @@ from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
 from omni_ray.runners.transformers.talker_inputs import (TalkerInputs, TalkerRequests, TalkerSeq,
                                              TalkerStepOutput)
+
+if TYPE_CHECKING:
+    from omni_ray.config.pipeline import PipelineConfig
+    from omni_ray.config.serving import StageConfig
 
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH,
                    "abort": FinishReason.ABORT}
@@ -57,6 +62,24 @@ _BACKBONE_FIELDS = (
 
 class VllmTalkerRunner(TalkerRequests):
     """Step loop over an in-process vLLM engine serving the talker's backbone."""
+
+    @classmethod
+    def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,
+                    pipeline: PipelineConfig | None = None, kv_transfer: bool = False,
+                    max_model_len: int | None = None) -> VllmTalkerRunner:
+        """Load the talker's transformers parts and start the backbone's engine as ``stage_cfg``
+        says (``engine_kwargs`` over our CPU defaults with a 256 MiB KV cache, and
+        ``max_model_len``); ``pipeline`` and ``kv_transfer`` do not apply to it."""
+        from omni_ray.models.loading import load_stage
+        from omni_ray.runners.vllm.engine_args import CPU_ENGINE_DEFAULTS, engine_kwargs
+
+        tk = load_stage(model_dir, "talker", stage_cfg.device, getattr(torch, stage_cfg.dtype))
+        kwargs = engine_kwargs(model_dir, stage_cfg, max_model_len,
+                               cpu_defaults={**CPU_ENGINE_DEFAULTS,
+                                             "kv_cache_memory_bytes": 256 << 20})
+        return cls(model_dir, tk.module, tk.text_embedding, tk.config, dtype=stage_cfg.dtype,
+                   device=stage_cfg.device, max_num_seqs=stage_cfg.max_num_seqs,
+                   engine_kwargs=kwargs)
 
     def __init__(self, model_dir: str | os.PathLike, talker, text_embedding, config, *,
                  dtype: str = "float32", device: str = "cpu", max_num_seqs: int = 64,

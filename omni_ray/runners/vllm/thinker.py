@@ -32,10 +32,15 @@ import contextlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason, MultiModalInputs
 from omni_ray.runners.transformers.thinker import MMContext, ThinkerStepOutput
+
+if TYPE_CHECKING:
+    from omni_ray.config.pipeline import PipelineConfig
+    from omni_ray.config.serving import StageConfig
 
 IM_END_TOKEN_ID = 151645  # <|im_end|>: the thinker's end of turn when config.json does not say
 
@@ -51,6 +56,19 @@ class VllmThinkerRunner:
     """Step loop over an in-process vLLM engine serving the thinker."""
 
     needs_raw_media = True  # vLLM runs the processor itself: media requests bring decoded media
+
+    @classmethod
+    def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,
+                    pipeline: PipelineConfig | None = None, kv_transfer: bool = False,
+                    max_model_len: int | None = None) -> VllmThinkerRunner:
+        """Start the engine as ``stage_cfg`` says: its dtype, ``max_num_seqs`` and
+        ``engine_kwargs`` over our CPU defaults and ``max_model_len`` (runners/vllm/engine_args.py).
+        ``kv_transfer``: with omni_ray's KV connector (prefill/decode disaggregation)."""
+        from omni_ray.runners.vllm.engine_args import engine_kwargs
+
+        return cls(model_dir, dtype=stage_cfg.dtype, max_num_seqs=stage_cfg.max_num_seqs,
+                   kv_transfer=kv_transfer,
+                   engine_kwargs=engine_kwargs(model_dir, stage_cfg, max_model_len))
 
     def __init__(self, model_dir: str | os.PathLike, *, dtype: str = "float32",
                  max_num_seqs: int = 64, max_model_len: int | None = None,
