@@ -4,7 +4,9 @@ Each holds exactly what ``pipeline/`` calls (``ThinkerLogic``, ``TalkerLogic``, 
 the KV logics, ``LocalPipeline``), so a backend is any class with these methods: the transformers
 runners (``runners/transformers/thinker.py``, ``talker.py``, ``code2wav.py``) and the vLLM ones
 (``runners/vllm/thinker.py``, ``talker.py``). tests/pipeline/test_contracts.py checks every
-backend against them; tests/pipeline/test_core.py drives the logic with fakes that satisfy them.
+backend against them at run time, tests/pipeline/test_types.py with mypy (signatures and return
+types; ``step`` returns a ``Sequence``, read-only, so a list of the backend's own output class
+conforms); tests/pipeline/test_core.py drives the logic with fakes that satisfy them.
 
 Request bookkeeping the runners also offer (``request_ids``, ``has_unfinished`` on the talker,
 ``shutdown``) is not part of the contract: the logic does not call it.
@@ -12,6 +14,7 @@ Request bookkeeping the runners also offer (``request_ids``, ``has_unfinished`` 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -50,7 +53,7 @@ class ThinkerRunnerProtocol(Protocol):
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     max_tokens: int, stop_token_ids: list[int] | None = None,
                     mm: MultiModalInputs | None = None) -> None: ...
-    def step(self) -> list[ThinkerStepOutputLike]: ...
+    def step(self) -> Sequence[ThinkerStepOutputLike]: ...
     def has_unfinished(self) -> bool: ...
     def abort(self, request_id: str) -> bool: ...
     @property
@@ -83,7 +86,7 @@ class TalkerRunnerProtocol(Protocol):
                   image_grid_thw: torch.Tensor | None = None,
                   audio_feature_lengths: torch.Tensor | None = None) -> None: ...
     def has_ready(self) -> bool: ...
-    def step(self) -> list[TalkerStepOutputLike]: ...
+    def step(self) -> Sequence[TalkerStepOutputLike]: ...
     def abort(self, request_id: str) -> bool: ...
     @property
     def num_requests(self) -> int: ...
