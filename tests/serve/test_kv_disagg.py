@@ -251,7 +251,7 @@ def test_failure_with_error_policy_ends_the_request(kv_url, tiny_model_dir, faul
     from omni_ray.config.serving import ThinkerDisaggConfig
     from omni_ray.ingress.kv_client import DisaggPipelineClient
     from omni_ray.ingress.pipeline_client import StageError
-    from omni_ray.kv_lifecycle import KVFault
+    from omni_ray.testing.faults import KVFault
     from omni_ray.models.tokenizer import encode_chat, load_tokenizer
 
     h = {s: serve.get_deployment_handle(f"{s}:{MODEL}", app_name=APP)
