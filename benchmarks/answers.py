@@ -13,7 +13,7 @@ from benchmarks.client import spoken_question
 
 SAMPLES_PER_FRAME = 1920  # one 80 ms codec frame at 24 kHz
 # code2wav's causal convolutions hold back 555 samples: N frames -> N * 1920 - 555 samples
-# (README.md "Delivery modes", omni_ray/runners/code2wav_stream.py), streamed or not.
+# (README.md "Delivery modes", omni_ray/runners/transformers/code2wav_stream.py), streamed or not.
 WITHHELD_SAMPLES = 555
 # bfloat16 allowance (benchmarks/README.md, "GPU check", "Parity allowance"): bf16 moves
 # near-tied argmaxes of random weights, so the app (vLLM, compiled) and transformers may part

@@ -58,7 +58,7 @@ def app_config(model_dir: str, device: str, port: int, *, tiny: bool, dummy: boo
     ``tiny``: small KV and context, greedy sampling (the offline pipeline's defaults).
     ``dtype``: every stage's dtype instead of the file's (the tiny parity run: float32).
     ``device == "cpu"``: float32, no GPUs or CPU reservations, vLLM's CPU defaults
-    (``_CPU_ENGINE_DEFAULTS``: eager, a fixed KV cache) and no GPU memory shares.
+    (``CPU_ENGINE_DEFAULTS`` in runners/vllm/engine_args.py: eager, a fixed KV cache) and no GPU memory shares.
     """
 
     cfg = copy.deepcopy(yaml.safe_load(base.read_text()))

@@ -39,9 +39,9 @@ from omni_ray.models.dummy import reinit_, shape_config_dict
 from omni_ray.models.tiny import make_tiny_checkpoint, write_tokenizer
 from omni_ray.models.tokenizer import load_tokenizer
 from omni_ray.offline import Omni
-from omni_ray.runners.code2wav import Code2WavRunner
-from omni_ray.runners.talker import TalkerRunner
-from omni_ray.runners.vllm_talker import VllmTalkerRunner
+from omni_ray.runners.transformers.code2wav import Code2WavRunner
+from omni_ray.runners.transformers.talker import TalkerRunner
+from omni_ray.runners.vllm.talker import VllmTalkerRunner
 
 T_START = time.perf_counter()
 SAMPLED_TALKER = False  # --talker-sampling: serve_configs/qwen3_omni.yaml's talker sampling
@@ -401,7 +401,7 @@ def run_realsize(args, out: Path) -> dict:
     t0 = time.perf_counter()
     if args.smoke or args.thinker == "transformers":
         from transformers import Qwen3OmniMoeThinkerForConditionalGeneration
-        from omni_ray.runners.thinker import ThinkerRunner
+        from omni_ray.runners.transformers.thinker import ThinkerRunner
         with torch.device(device):
             th = Qwen3OmniMoeThinkerForConditionalGeneration._from_config(
                 cfg.thinker_config, dtype=dtype).eval()
@@ -410,7 +410,7 @@ def run_realsize(args, out: Path) -> dict:
                                 device=device)
         res["thinker_backend"] = "transformers"
     else:
-        from omni_ray.runners.vllm_thinker import VllmThinkerRunner
+        from omni_ray.runners.vllm.thinker import VllmThinkerRunner
         free, total = torch.cuda.mem_get_info()
         util = min(0.55 if total > 120 * 2**30 else 0.9, (free - 4 * 2**30) / total)
         ekw = dict(dtype="bfloat16", load_format="dummy", gpu_memory_utilization=round(util, 3),
@@ -531,7 +531,7 @@ class FakeThinker:
 
     def step(self):
         from omni_ray.payload import FinishReason
-        from omni_ray.runners.thinker import ThinkerStepOutput
+        from omni_ray.runners.transformers.thinker import ThinkerStepOutput
         outs = []
         for rid, st in list(self._reqs.items()):
             st[2] += 1

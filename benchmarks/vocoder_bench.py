@@ -22,7 +22,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
 from benchmarks.machine import RESULTS_DIR, machine_info, write_json
-from omni_ray.runners.code2wav_stream import StreamingCode2Wav, reinit_code2wav_for_testing
+from omni_ray.runners.transformers.code2wav_stream import StreamingCode2Wav, reinit_code2wav_for_testing
 
 SAMPLE_RATE = 24000
 SETUPS = {

@@ -25,7 +25,6 @@ import enum
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 
 class KVState(enum.Enum):
@@ -201,31 +200,3 @@ class KVTransferTable:
     def stats(self) -> dict:
         return dict(kv_transfers_live=self.live, kv_refs_held=self.refs_held,
                     **{f"kv_{k}": v for k, v in self.counts.items()})
-
-
-# -- fault injection (tests only; the ingress accepts it when security.allow_fault_injection) ----
-FAULT_KINDS = ("prefill_dies", "extract_fails", "transfer_timeout", "load_fails")
-
-
-@dataclass(frozen=True)
-class KVFault:
-    """A parsed ``x-omni-kv-fault`` header: one failure kind, or an abort at one state."""
-
-    kind: str | None = None              # one of FAULT_KINDS
-    abort_at: KVState | None = None      # abort the request right after entering this state
-
-    @classmethod
-    def parse(cls, value: str) -> "KVFault":
-        """``prefill_dies | extract_fails | transfer_timeout | load_fails | abort_at:<STATE>``."""
-        v = value.strip()
-        if v in FAULT_KINDS:
-            return cls(kind=v)
-        if v.lower().startswith("abort_at:"):
-            name = v.split(":", 1)[1].strip().upper()
-            state = KVState.__members__.get(name)
-            if state is None or state in (KVState.FAILED, KVState.ABORTED):
-                allowed = [s.name for s in KVState if s not in (KVState.FAILED, KVState.ABORTED)]
-                raise ValueError(f"abort_at: unknown state {name!r}; one of {allowed}")
-            return cls(abort_at=state)
-        raise ValueError(f"unknown KV fault {value!r}; one of {list(FAULT_KINDS)} "
-                         "or abort_at:<STATE>")

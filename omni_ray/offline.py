@@ -22,9 +22,10 @@ from omni_ray.inputs.processor import InputProcessor
 from omni_ray.models.loading import load_omni_config
 from omni_ray.models.tokenizer import encode_chat, load_tokenizer
 from omni_ray.payload import FinishReason
-from omni_ray.pipeline.build import make_runner, wrap_runner
+from omni_ray.pipeline.build import wrap_runner
 from omni_ray.pipeline.code2wav import SAMPLE_RATE
 from omni_ray.pipeline.local import LocalPipeline, LocalResult
+from omni_ray.runners.factory import make_runner, stage_config
 
 
 @dataclass
@@ -71,16 +72,19 @@ class Omni:
         self.model_dir = Path(model)
         self.pipeline = (pipeline or PipelineConfig()).model_copy(update={"mode": mode})
         self._injected_thinker = thinker_runner
-        common = dict(pipeline=self.pipeline, device=device, dtype=dtype,
-                      max_num_seqs=max_num_seqs)
-        self.thinker = (thinker_runner if thinker_runner is not None else make_runner(
-            "thinker", model, backend=thinker_backend, engine_kwargs=thinker_engine_kwargs,
-            **common))
+        common = dict(device=device, dtype=dtype, max_num_seqs=max_num_seqs)
+        self.thinker = thinker_runner
+        if thinker_runner is None:
+            cfg = stage_config("thinker", thinker_backend, engine_kwargs=thinker_engine_kwargs,
+                               **common)
+            self.thinker = make_runner("thinker", model, cfg, pipeline=self.pipeline)
         self.talker = self.code2wav = None
         if audio:
-            self.talker = make_runner("talker", model, backend=talker_backend,
-                                      engine_kwargs=talker_engine_kwargs, **common)
-            self.code2wav = make_runner("code2wav", model, **common)
+            cfg = stage_config("talker", talker_backend, engine_kwargs=talker_engine_kwargs,
+                               **common)
+            self.talker = make_runner("talker", model, cfg, pipeline=self.pipeline)
+            self.code2wav = make_runner("code2wav", model, stage_config("code2wav", **common),
+                                        pipeline=self.pipeline)
         cfg = self.talker.cfg if audio else load_omni_config(model)
         self.config = cfg
         self.tokenizer = load_tokenizer(model)

@@ -58,7 +58,7 @@ def _async_outputs(tiny_model_dir, sync_outputs, pipeline):
 
 def _stateful_available() -> bool:
     try:
-        from omni_ray.runners.code2wav_stream import StreamingCode2Wav  # noqa: F401
+        from omni_ray.runners.transformers.code2wav_stream import StreamingCode2Wav  # noqa: F401
     except ImportError:
         return False
     return True
@@ -75,7 +75,7 @@ EXACT = {
 @pytest.fixture(scope="module", params=list(EXACT))
 def exact_async(request, tiny_model_dir, sync_outputs):
     if request.param.startswith("stateful") and not _stateful_available():
-        pytest.skip("omni_ray.runners.code2wav_stream.StreamingCode2Wav is not there yet")
+        pytest.skip("omni_ray.runners.transformers.code2wav_stream.StreamingCode2Wav is not there yet")
     return request.param, _async_outputs(tiny_model_dir, sync_outputs, EXACT[request.param])
 
 

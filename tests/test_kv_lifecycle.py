@@ -10,7 +10,6 @@ import pytest
 from omni_ray.kv_lifecycle import (
     TRANSITIONS,
     IllegalKVTransition,
-    KVFault,
     KVState,
     KVTransfer,
     KVTransferTable,
@@ -122,12 +121,3 @@ def test_table_counts_and_forgets():
     assert (s["kv_transfers_live"], s["kv_refs_held"], s["kv_failed"], s["kv_aborted"],
             s["kv_fallbacks"], s["kv_released"]) == (0, 0, 1, 1, 1, 0)
     assert [r["request_id"] for r in table.recent] == ["a", "b"]
-
-
-def test_fault_parsing():
-    assert KVFault.parse("load_fails") == KVFault(kind="load_fails")
-    assert KVFault.parse("abort_at:held") == KVFault(abort_at=KVState.HELD)
-    assert KVFault.parse("abort_at:RELEASED").abort_at is KVState.RELEASED
-    for bad in ("nope", "abort_at:FAILED", "abort_at:WHENEVER", ""):
-        with pytest.raises(ValueError):
-            KVFault.parse(bad)

@@ -113,7 +113,7 @@ def test_media_changes_the_answer(pipelines, references):
 @pytest.mark.parametrize("broken", ["no-mm-positions", "zero-hidden"])
 def test_talker_conditioning_is_checked(pipelines, references, broken):
     """Negative controls: the talker's multimodal inputs matter to the frames the test compares."""
-    from omni_ray.runners import talker as talker_mod
+    from omni_ray.runners.transformers import talker as talker_mod
 
     omni = pipelines["sync"]
     _, _, ref_frames, _ = references["both"]

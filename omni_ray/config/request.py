@@ -37,7 +37,7 @@ class OmniRequest(BaseModel):
     mm: MultiModalInputs | None = None
     # the thinker's answer given instead of generated (text to speech): the thinker stage emits
     # these ids as its answer without a model step, the talker and code2wav voice them. End them
-    # with the stop token (the thinker's last token is never spoken: runners/talker_inputs.py).
+    # with the stop token (the thinker's last token is never spoken: runners/transformers/talker_inputs.py).
     answer_token_ids: list[int] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")

@@ -53,6 +53,7 @@ from omni_ray.ingress.pipeline_client import (
 from omni_ray.ingress.sse_response import SSEResponse
 from omni_ray.metrics import IngressMetrics, RequestStatus, RequestTrack
 from omni_ray.payload import AudioChunk, FinishReason, TextDelta
+from omni_ray.testing import faults
 from omni_ray.timeline import Timeline
 from omni_ray.ingress.speech import SpeechRequest
 
@@ -228,7 +229,7 @@ class OmniIngress:
     @app.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         received = time.time()
-        fault = request.headers.get("x-omni-fault") if self.args.security.allow_fault_injection else None
+        fault, kv_fault = faults.requested(request.headers, self.args.security.allow_fault_injection)
         track = self.metrics.track(body.modalities)
         try:
             req, audio_format = await self._to_request(body)
@@ -238,8 +239,6 @@ class OmniIngress:
         logger.info("request %s: modalities=%s stream=%s", req.request_id, req.modalities, body.stream)
         self.timeline.start(req.request_id, "received", received)
         # Open the stages before answering: a full stage is a 503 + Retry-After, not a stream error.
-        kv_fault = (request.headers.get("x-omni-kv-fault")
-                    if self.args.security.allow_fault_injection else None)
         stream = await self._open(req, fault, track, kv_fault)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)

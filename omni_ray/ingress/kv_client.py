@@ -36,7 +36,8 @@ from omni_ray.ingress.pipeline_client import (
     _first,
     _root,
 )
-from omni_ray.kv_lifecycle import KVFault, KVState, KVStepError, KVTransfer, KVTransferTable
+from omni_ray.kv_lifecycle import KVState, KVStepError, KVTransfer, KVTransferTable
+from omni_ray.testing.faults import KVFault
 
 logger = logging.getLogger("ray.serve")
 

@@ -52,7 +52,7 @@ def speech_ids(tokenizer, text: str) -> tuple[list[int], list[int]]:
     """Text to speech (``/v1/audio/speech``, ``Omni.speech_request``): the prompt (one user turn
     holding ``text``) and the answer the thinker is given instead of generating: ``text``'s
     tokens then ``<|im_end|>``, the stop token an answer ends with (the talker never speaks an
-    answer's last token: runners/talker_inputs.py), so every token of ``text`` is voiced."""
+    answer's last token: runners/transformers/talker_inputs.py), so every token of ``text`` is voiced."""
     prompt = encode_chat(tokenizer, [{"role": "user", "content": text}])
     answer = list(tokenizer(text, add_special_tokens=False).input_ids)
     return prompt, answer + [tokenizer.convert_tokens_to_ids("<|im_end|>")]

@@ -5,7 +5,7 @@ vLLM's model registry. What vLLM runs here is the talker's Qwen3-MoE backbone (w
 expert, vLLM's ``Qwen3MoeForCausalLM``) and its ``codec_head``: batched across requests, paged KV,
 CUDA graphs on GPU. Everything else the talker does per step (code predictor, the thinker's text,
 the multimodal projection) stays in omni_ray's runner and reaches vLLM through two hooks that
-vLLM calls outside the compiled forward (runners/vllm_talker.py says which vLLM internals those
+vLLM calls outside the compiled forward (runners/vllm/talker.py says which vLLM internals those
 read):
 
 * ``embed_input_ids``: vLLM asks for the embeddings of a step's token-id rows (with

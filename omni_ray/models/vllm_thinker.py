@@ -10,7 +10,7 @@ the copy part of the forward itself: after that layer, one custom op (``vllm::om
 declared as mutating its buffer, so it is neither dropped nor reordered by the compiler) writes
 the layer's output rows of the step into a preallocated buffer ``omni_rows``
 [max_num_batched_tokens, hidden]. That is one device copy per forward, recorded into CUDA graphs
-like any other kernel. ``runners/vllm_hidden.py`` reads the rows it needs after the forward.
+like any other kernel. ``runners/vllm/hidden.py`` reads the rows it needs after the forward.
 """
 
 from __future__ import annotations

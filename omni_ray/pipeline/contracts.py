@@ -2,9 +2,11 @@
 
 Each holds exactly what ``pipeline/`` calls (``ThinkerLogic``, ``TalkerLogic``, ``Code2WavLogic``,
 the KV logics, ``LocalPipeline``), so a backend is any class with these methods: the transformers
-runners (``runners/thinker.py``, ``talker.py``, ``code2wav.py``) and the vLLM ones
-(``runners/vllm_thinker.py``, ``vllm_talker.py``). tests/pipeline/test_contracts.py checks every
-backend against them; tests/pipeline/test_core.py drives the logic with fakes that satisfy them.
+runners (``runners/transformers/thinker.py``, ``talker.py``, ``code2wav.py``) and the vLLM ones
+(``runners/vllm/thinker.py``, ``talker.py``). tests/pipeline/test_contracts.py checks every
+backend against them at run time, tests/pipeline/test_types.py with mypy (signatures and return
+types; ``step`` returns a ``Sequence``, read-only, so a list of the backend's own output class
+conforms); tests/pipeline/test_core.py drives the logic with fakes that satisfy them.
 
 Request bookkeeping the runners also offer (``request_ids``, ``has_unfinished`` on the talker,
 ``shutdown``) is not part of the contract: the logic does not call it.
@@ -12,6 +14,7 @@ Request bookkeeping the runners also offer (``request_ids``, ``has_unfinished`` 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
 
 
 class ThinkerStepOutputLike(Protocol):
-    """One request's result of a thinker step (``runners.thinker.ThinkerStepOutput``)."""
+    """One request's result of a thinker step (``runners.transformers.thinker.ThinkerStepOutput``)."""
 
     request_id: str
     new_token_ids: list[int]
@@ -34,7 +37,7 @@ class ThinkerStepOutputLike(Protocol):
 
 
 class TalkerStepOutputLike(Protocol):
-    """One request's result of a talker step (``runners.talker_inputs.TalkerStepOutput``)."""
+    """One request's result of a talker step (``runners.transformers.talker_inputs.TalkerStepOutput``)."""
 
     request_id: str
     frames: torch.Tensor              # [n, num_code_groups] int64, n is 0 or 1
@@ -50,7 +53,7 @@ class ThinkerRunnerProtocol(Protocol):
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     max_tokens: int, stop_token_ids: list[int] | None = None,
                     mm: MultiModalInputs | None = None) -> None: ...
-    def step(self) -> list[ThinkerStepOutputLike]: ...
+    def step(self) -> Sequence[ThinkerStepOutputLike]: ...
     def has_unfinished(self) -> bool: ...
     def abort(self, request_id: str) -> bool: ...
     @property
@@ -83,7 +86,7 @@ class TalkerRunnerProtocol(Protocol):
                   image_grid_thw: torch.Tensor | None = None,
                   audio_feature_lengths: torch.Tensor | None = None) -> None: ...
     def has_ready(self) -> bool: ...
-    def step(self) -> list[TalkerStepOutputLike]: ...
+    def step(self) -> Sequence[TalkerStepOutputLike]: ...
     def abort(self, request_id: str) -> bool: ...
     @property
     def num_requests(self) -> int: ...

@@ -26,10 +26,10 @@ from omni_ray.payload import KVChunk
 from omni_ray.pipeline.emit import StageRequestError
 from omni_ray.pipeline.kv import DecodeThinkerLogic, PrefillLogic
 from omni_ray.stages.engine import StageEngine, _ReqState
+from omni_ray.testing import faults
 from omni_ray.transport.kv_ref import KVProgress, fetch_kv, put_kv
 from omni_ray.transport.ray_push import ChunkSender
 
-_STUCK_S = 60.0  # fault injection: how long a "dying" sender stalls before giving up by itself
 
 
 class PrefillEngine(StageEngine):
@@ -65,11 +65,11 @@ class PrefillEngine(StageEngine):
             self.counters["prefills"] += 1
             self.metrics.on_step(1, self._active)  # a prefill is a step of one request
             yield KVProgress(rid, KVState.HELD, first, n, time.perf_counter() - t0)
-            if fault == "prefill_dies":
-                await asyncio.sleep(_STUCK_S)  # the replica kills this actor meanwhile
+            if fault is not None:  # tests only (omni_ray/testing/faults.py)
+                await faults.sender_stalls(fault)
             # 2) The save: extract a CPU copy on the loop thread, then put it in the object store.
             t1 = time.perf_counter()
-            chunk = await self._call(lambda: self.logic.extract(rid, fail=fault == "extract_fails"))
+            chunk = await self._call(lambda: self.logic.extract(rid, fail=faults.extract_fails(fault)))
             handle = put_kv(chunk)
             del chunk
             self._owned.add(handle.ref.hex())
@@ -164,7 +164,7 @@ class DecodeEngine(StageEngine):
         """Fetch the request's KV into a staged local copy (TRANSFERRED); raises
         ``KVTransferError`` (and fails the request here) on timeout or loss."""
         slot = self._advance_slot(request_id, "waiting", "fetching")
-        delay = self.timeouts.transfer_s + 1.0 if fault == "transfer_timeout" else 0.0
+        delay = faults.transfer_delay_s(fault, self.timeouts.transfer_s)
         try:
             chunk, seconds = await fetch_kv(handle, self.timeouts.transfer_s, delay)
         except BaseException as e:
@@ -186,7 +186,7 @@ class DecodeEngine(StageEngine):
         t0 = time.perf_counter()
         try:
             await self._call(lambda: self.logic.add_prefilled(
-                slot.request, slot.has_downstream, chunk, fail=fault == "load_fails"))
+                slot.request, slot.has_downstream, chunk, fail=faults.load_fails(fault)))
         except BaseException as e:
             self._fail_kv(request_id, slot, f"KV load failed: {e}")
             raise

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.serving import OmniServingArgs
-from omni_ray.kv_lifecycle import KVState
 from omni_ray.pipeline.emit import StageRequestError
 from omni_ray.stages.server import StageServer
+from omni_ray.testing import faults
 
 
 class ThinkerPrefillServer(StageServer):
@@ -33,7 +33,6 @@ class ThinkerPrefillServer(StageServer):
         return PrefillEngine, {}
 
     async def prefill(self, request: OmniRequest, kv_fault: str | None = None):
-        import ray
         from ray.exceptions import ActorDiedError, RayActorError
 
         engine = self.sup.engine_for_request()  # EngineUnavailable: nothing started yet
@@ -41,8 +40,8 @@ class ThinkerPrefillServer(StageServer):
             gen = engine.prefill.options(num_returns="streaming").remote(request, kv_fault)
             async for ref in gen:
                 ev = await ref
-                if kv_fault == "prefill_dies" and ev.state is KVState.HELD:
-                    ray.kill(engine, no_restart=True)  # tests: the sender dies holding the KV
+                if kv_fault is not None:  # tests only (omni_ray/testing/faults.py)
+                    faults.kill_sender(kv_fault, ev.state, engine)
                 yield ev
         except RayActorError as e:
             if isinstance(e, ActorDiedError):

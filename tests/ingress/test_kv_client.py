@@ -16,7 +16,8 @@ from omni_ray.config.serving import ThinkerDisaggConfig
 from omni_ray.ingress import kv_client
 from omni_ray.ingress.kv_client import DisaggPipelineClient, KVInjectedAbort
 from omni_ray.ingress.pipeline_client import StageError
-from omni_ray.kv_lifecycle import KVFault, KVLoadError, KVState, KVTransferError
+from omni_ray.kv_lifecycle import KVLoadError, KVState, KVTransferError
+from omni_ray.testing.faults import KVFault
 from omni_ray.transport.kv_ref import KVHandle, KVProgress
 
 REQ = OmniRequest(request_id="r1", prompt_token_ids=[1, 2, 3], modalities=("text",))

@@ -14,11 +14,11 @@ import pytest
 
 from omni_ray.pipeline.contracts import (Code2WavRunnerProtocol, KVThinkerRunnerProtocol,
                                          TalkerRunnerProtocol, ThinkerRunnerProtocol)
-from omni_ray.runners.code2wav import Code2WavRunner
-from omni_ray.runners.talker import TalkerRunner
-from omni_ray.runners.thinker import ThinkerRunner
-from omni_ray.runners.vllm_talker import VllmTalkerRunner
-from omni_ray.runners.vllm_thinker import VllmThinkerRunner
+from omni_ray.runners.transformers.code2wav import Code2WavRunner
+from omni_ray.runners.transformers.talker import TalkerRunner
+from omni_ray.runners.transformers.thinker import ThinkerRunner
+from omni_ray.runners.vllm.talker import VllmTalkerRunner
+from omni_ray.runners.vllm.thinker import VllmThinkerRunner
 
 BACKENDS = [
     (ThinkerRunnerProtocol, ThinkerRunner), (ThinkerRunnerProtocol, VllmThinkerRunner),

@@ -18,7 +18,7 @@ import torch
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
-from omni_ray.runners.code2wav_stream import StreamingCode2Wav, reinit_code2wav_for_testing
+from omni_ray.runners.transformers.code2wav_stream import StreamingCode2Wav, reinit_code2wav_for_testing
 
 TOL = 1e-5  # max |stream - one-shot| / one-shot peak; see the module docstring
 SAMPLES_PER_FRAME = 1920

@@ -1,6 +1,6 @@
 """The static (CUDA-graph-ready) code predictor == transformers' code predictor, greedy.
 
-runners/code_predictor_graph.py rewrites the 15-step loop with static shapes so it can be
+runners/transformers/code_predictor_graph.py rewrites the 15-step loop with static shapes so it can be
 captured; here (CPU, eager) it must pick the same codes and the same summed embedding as
 ``TalkerInputs.residual_codes_batch`` on transformers' module. The capture itself only runs on
 CUDA (benchmarks/gpu_run.py exercises it)."""
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from omni_ray.config.sampling import SamplingParams
-from omni_ray.runners.code_predictor_graph import CodePredictorGraphs, static_codes
-from omni_ray.runners.talker_inputs import TalkerInputs, TalkerSeq
+from omni_ray.runners.transformers.code_predictor_graph import CodePredictorGraphs, static_codes
+from omni_ray.runners.transformers.talker_inputs import TalkerInputs, TalkerSeq
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_graphs_are_off_on_cpu_and_refuse_to_capture_without_cuda(talker_parts):
 
 def test_top_k_top_p_keeps_what_sample_token_keeps():
     """The graph's filter == runners.sampling.sample_token's (top-k 50, then top-p 0.8)."""
-    from omni_ray.runners.code_predictor_graph import top_k_top_p
+    from omni_ray.runners.transformers.code_predictor_graph import top_k_top_p
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 2048, generator=gen) * 3
@@ -95,7 +95,7 @@ def test_top_k_top_p_keeps_what_sample_token_keeps():
 
 
 def test_exponential_race_draws_from_the_filtered_distribution():
-    from omni_ray.runners.code_predictor_graph import _pick, top_k_top_p
+    from omni_ray.runners.transformers.code_predictor_graph import _pick, top_k_top_p
 
     torch.manual_seed(0)
     logits = torch.tensor([[2.0, 1.5, 1.0, 0.5] + [-9.0] * 60])

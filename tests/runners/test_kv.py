@@ -27,7 +27,7 @@ def thinker(tiny_model_dir):
 
 
 def runner(thinker, **kw):
-    from omni_ray.runners.thinker import ThinkerRunner
+    from omni_ray.runners.transformers.thinker import ThinkerRunner
 
     return ThinkerRunner(thinker.module, eos_token_ids=[thinker.config.im_end_token_id], **kw)
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from serve_helpers import app_args, wait_ready
+
+# Shared helper modules (not test files): their asserts explain themselves too.
+pytest.register_assert_rewrite("kv_helpers", "chat_helpers", "media_helpers")
+
+from serve_helpers import app_args, wait_ready  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +31,18 @@ def offline(tiny_model_dir):
     from omni_ray.offline import Omni
 
     return {m: Omni(tiny_model_dir, mode=m) for m in ("async_chunk", "sync")}
+
+
+@pytest.fixture(scope="module")
+def serve_port(ray_cluster, get_free_port):
+    """Serve's HTTP port: the session's when another module started Serve, else this module's
+    own, shut down afterwards (a later module's ``serve.start`` would not get its port)."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+
+    started = _get_global_client(raise_if_no_controller_running=False) is None
+    if started:
+        serve.start(http_options={"host": "127.0.0.1", "port": get_free_port()})
+    yield _get_global_client().http_config.port
+    if started:
+        serve.shutdown()

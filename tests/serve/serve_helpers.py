@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import re
 import socket
 import struct
 import threading
@@ -220,3 +221,30 @@ def disconnect_storm(url: str, make_body, rounds: int, per_round: int, seed: int
         errors = [c.exception for c in clients if c.exception is not None]
         assert not errors, errors
     return rounds * (per_round + 2)
+
+
+# -- Ray's metrics export -------------------------------------------------------------------------
+def metrics_text() -> str:
+    import ray
+
+    out = []
+    for node in ray.nodes():
+        if node["Alive"]:
+            host, port = node["NodeManagerAddress"], node["MetricsExportPort"]
+            r = httpx.get(f"http://{host}:{port}/metrics", timeout=10)
+            out.append(r.text)
+    return "\n".join(out)
+
+
+STAGE_GAUGE = re.compile(r'^ray_omni_ray_stage_(queue_depth|running_requests)\{([^}]*)\} (\S+)$',
+                         re.M)
+
+
+def stage_gauges(text: str) -> dict[str, float]:
+    """{"queue_depth thinker WorkerId=...": value} of every stage gauge series."""
+    out = {}
+    for name, tags, value in STAGE_GAUGE.findall(text):
+        stage = re.search(r'stage="([^"]*)"', tags).group(1)
+        worker = re.search(r'WorkerId="([^"]*)"', tags)
+        out[f"{name} {stage} {worker.group(1)[:8] if worker else tags[:60]}"] = float(value)
+    return out

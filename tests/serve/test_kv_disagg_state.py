@@ -7,9 +7,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from serve_helpers import body, disconnect_storm, poll, run_alone
-from test_kv_disagg import TIMEOUTS, _args, serve_port, wait_clean  # noqa: F401 - fixture
-from test_metrics_export import metrics_text, stage_gauges
+from kv_helpers import TIMEOUTS, kv_args, wait_clean
+from serve_helpers import body, disconnect_storm, metrics_text, poll, run_alone, stage_gauges
 
 pytestmark = pytest.mark.slow
 
@@ -18,13 +17,13 @@ ROUNDS, PER_ROUND = 12, 10
 
 
 @pytest.fixture(scope="module")
-def kv_app(serve_port, tiny_model_dir):  # noqa: F811
+def kv_app(serve_port, tiny_model_dir):
     from ray import serve
 
     from omni_ray import build_omni_app
 
     disagg = {"timeouts": TIMEOUTS, "fallback": "local_prefill"}
-    serve.run(build_omni_app(_args(tiny_model_dir, thinker_disaggregation=disagg)),
+    serve.run(build_omni_app(kv_args(tiny_model_dir, thinker_disaggregation=disagg)),
               name=APP, route_prefix=PREFIX)
     yield f"http://127.0.0.1:{serve_port}{PREFIX}"
     serve.delete(APP)

@@ -8,22 +8,21 @@ import importlib.util
 
 import pytest
 import httpx
-from serve_helpers import wait_ready
-from test_kv_disagg import (  # noqa: F401 - fixtures
+from kv_helpers import (
     APP,
     FAILURES,
     STATES,
     TIMEOUTS,
-    _args,
     ask,
     body,
+    kv_args,
     kv_counts,
-    reference,
+    reference_answers,
     same_answer,
-    serve_port,
     stats,
     wait_clean,
 )
+from serve_helpers import wait_ready
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,7 +36,12 @@ VLLM = {"backend": "vllm", "engine_kwargs": {
 
 
 @pytest.fixture(scope="module")
-def vllm_kv_url(serve_port, reference, tiny_model_dir):  # noqa: F811
+def reference(serve_port, tiny_model_dir):
+    return reference_answers(serve_port, tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def vllm_kv_url(serve_port, reference, tiny_model_dir):
     from ray import serve
 
     from omni_ray import build_omni_app
@@ -47,7 +51,7 @@ def vllm_kv_url(serve_port, reference, tiny_model_dir):  # noqa: F811
     disagg = {"timeouts": {**TIMEOUTS, "prefill_s": 60.0, "transfer_s": 10.0},
               "fallback": "local_prefill",
               "prefill": VLLM, "decode": VLLM}
-    serve.run(build_omni_app(_args(tiny_model_dir, thinker_disaggregation=disagg)),
+    serve.run(build_omni_app(kv_args(tiny_model_dir, thinker_disaggregation=disagg)),
               name=f"{APP}-vllm", route_prefix="/kv-vllm")
     yield wait_ready(f"http://127.0.0.1:{serve_port}/kv-vllm")
     serve.delete(f"{APP}-vllm")
@@ -55,7 +59,7 @@ def vllm_kv_url(serve_port, reference, tiny_model_dir):  # noqa: F811
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("modalities", [("text", "audio"), ("text",)])
-def test_vllm_to_vllm_hand_off_gives_the_same_answer(vllm_kv_url, reference, modalities,  # noqa: F811
+def test_vllm_to_vllm_hand_off_gives_the_same_answer(vllm_kv_url, reference, modalities,
                                                      stream):
     before = kv_counts(vllm_kv_url)
     same_answer(ask(vllm_kv_url, modalities, stream), reference[(modalities, stream)])
@@ -75,7 +79,7 @@ def test_vllm_to_vllm_hand_off_gives_the_same_answer(vllm_kv_url, reference, mod
 
 
 @pytest.mark.parametrize("fault", [f for f in FAILURES if f != "prefill_dies"])
-def test_failure_falls_back_to_a_local_prefill(vllm_kv_url, reference, fault):  # noqa: F811
+def test_failure_falls_back_to_a_local_prefill(vllm_kv_url, reference, fault):
     """(``prefill_dies`` is left to the transformers test: restarting a vLLM engine is slow.)"""
     before = kv_counts(vllm_kv_url)
     same_answer(ask(vllm_kv_url, ("text",), False, fault=fault), reference[(("text",), False)])

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from serve_helpers import SSEClient, body, poll
+from serve_helpers import SSEClient, body, metrics_text, poll, stage_gauges
 
 pytestmark = pytest.mark.slow
 
@@ -33,18 +33,6 @@ EXPECTED = [
     r'ray_omni_ray_chunk_bytes_total\{[^}]*edge="talker->code2wav"',
     r'ray_omni_ray_chunks_total\{[^}]*edge="thinker->talker"',
 ]
-
-
-def metrics_text() -> str:
-    import ray
-
-    out = []
-    for node in ray.nodes():
-        if node["Alive"]:
-            host, port = node["NodeManagerAddress"], node["MetricsExportPort"]
-            r = httpx.get(f"http://{host}:{port}/metrics", timeout=10)
-            out.append(r.text)
-    return "\n".join(out)
 
 
 def test_metrics_on_ray_export_endpoint(serve_urls):
@@ -72,20 +60,6 @@ def test_metrics_on_ray_export_endpoint(serve_urls):
     except AssertionError:
         raise AssertionError(f"missing after 60s: {missing}") from None
     print(f"\nmetrics exported within {time.monotonic() - t0:.1f}s")
-
-
-STAGE_GAUGE = re.compile(r'^ray_omni_ray_stage_(queue_depth|running_requests)\{([^}]*)\} (\S+)$',
-                         re.M)
-
-
-def stage_gauges(text: str) -> dict[str, float]:
-    """{"queue_depth thinker WorkerId=...": value} of every stage gauge series."""
-    out = {}
-    for name, tags, value in STAGE_GAUGE.findall(text):
-        stage = re.search(r'stage="([^"]*)"', tags).group(1)
-        worker = re.search(r'WorkerId="([^"]*)"', tags)
-        out[f"{name} {stage} {worker.group(1)[:8] if worker else tags[:60]}"] = float(value)
-    return out
 
 
 def test_stage_gauges_read_zero_at_idle(serve_urls):

@@ -9,7 +9,9 @@ import httpx
 import numpy as np
 import pytest
 from serve_helpers import app_args, wait_clean
-from test_media_input import CASES, ask, offline_answer
+from chat_helpers import ask as ask_text
+from chat_helpers import offline_answer as offline_text_answer
+from media_helpers import CASES, ask, offline_answer
 
 pytestmark = [
     pytest.mark.slow,
@@ -78,9 +80,6 @@ def all_vllm_url(serve_base_url, tiny_model_dir):
 def test_all_vllm_app_speaks_like_the_transformers_pipeline(all_vllm_url, offline, stream):
     """openai client -> Serve app with thinker and talker on vLLM: the same text and the same
     audio (PCM16 within 1 LSB) as the transformers pipeline, streamed and not."""
-    from test_openai_e2e import ask as ask_text
-    from test_openai_e2e import offline_answer as offline_text_answer
-
     ref_text, ref_pcm = offline_text_answer(offline["async_chunk"])
     text, pcm, finish, _ = ask_text(all_vllm_url, stream=stream)
     assert text == ref_text

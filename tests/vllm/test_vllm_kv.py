@@ -1,4 +1,4 @@
-"""The vLLM end of the prefill/decode KV hand-off (omni_ray/runners/vllm_kv_connector.py).
+"""The vLLM end of the prefill/decode KV hand-off (omni_ray/runners/vllm/kv_connector.py).
 
 One vLLM engine with omni_ray's KV connector plays both sides (a second engine in one process
 would share vLLM's process-wide connector); the transformers runner is the reference and the
@@ -11,9 +11,10 @@ import pytest
 import torch
 from vllm_helpers import SMALL_ENGINE, VLLM_TESTS
 
+from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
-from omni_ray.runners.factory import make_thinker_runner
+from omni_ray.runners.factory import make_runner, stage_config
 
 pytestmark = VLLM_TESTS
 GREEDY = SamplingParams()
@@ -26,15 +27,18 @@ TEXTS = ["Hi", "Tell me a story about cats and dogs " * 3,
 
 @pytest.fixture(scope="module")
 def vllm_kv(tiny_model_dir):
-    runner = make_thinker_runner("vllm", tiny_model_dir, "cpu", torch.float32, 8, ENGINE_KWARGS,
-                                 kv_transfer=True)
+    cfg = stage_config("thinker", "vllm", dtype=torch.float32, max_num_seqs=8,
+                       engine_kwargs=ENGINE_KWARGS)
+    runner = make_runner("thinker", tiny_model_dir, cfg, pipeline=PipelineConfig(),
+                         kv_transfer=True)
     yield runner
     runner.shutdown()
 
 
 @pytest.fixture(scope="module")
 def hf(tiny_model_dir):
-    return make_thinker_runner("transformers", tiny_model_dir, "cpu", torch.float32)
+    return make_runner("thinker", tiny_model_dir, stage_config("thinker", dtype=torch.float32),
+                       pipeline=PipelineConfig())
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +64,7 @@ def run(runner, rid, ids, max_tokens, kv=None, first=None, stop=None):
 
 
 def assert_clean(runner):
-    from omni_ray.runners import vllm_kv_connector as conn
+    from omni_ray.runners.vllm import kv_connector as conn
 
     assert not runner.has_unfinished() and conn.SAVED == {} and conn.TO_LOAD == {}
 

@@ -1,4 +1,4 @@
-"""Tests for the vLLM talker (omni_ray/runners/vllm_talker.py, omni_ray/models/vllm_talker.py).
+"""Tests for the vLLM talker (omni_ray/runners/vllm/talker.py, omni_ray/models/vllm_talker.py).
 
 Oracle: the transformers talker (``TalkerRunner``) and the transformers pipeline on the same
 tiny checkpoint, greedy. Two vLLM talker engines start here (~5-15 s each on CPU): one in a
@@ -45,9 +45,10 @@ def talker(mixed_omni):
 
 @pytest.fixture(scope="module")
 def hf_talker(tiny_model_dir):
-    from omni_ray.runners.factory import make_talker_runner
+    from omni_ray.config.pipeline import PipelineConfig
+    from omni_ray.runners.factory import make_runner, stage_config
 
-    return make_talker_runner("transformers", tiny_model_dir)
+    return make_runner("talker", tiny_model_dir, stage_config("talker"), pipeline=PipelineConfig())
 
 
 @pytest.fixture(scope="module")

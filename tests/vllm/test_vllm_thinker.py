@@ -1,4 +1,4 @@
-"""Tests for omni_ray/runners/vllm_thinker.py and the thinker backends in runners/factory.py.
+"""Tests for omni_ray/runners/vllm/thinker.py and the thinker backends in runners/factory.py.
 
 One vLLM engine (started through ``Omni(..., thinker_backend="vllm")``, 5-30 s on CPU) serves
 every test here; the oracle is the transformers ``ThinkerRunner`` on the same tiny checkpoint.
@@ -10,10 +10,12 @@ import pytest
 import torch
 from vllm_helpers import SMALL_ENGINE, VLLM_TESTS, idle_runner
 
+from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.request import OmniRequest
 from omni_ray.config.sampling import SamplingParams
+from omni_ray.config.serving import StageConfig
 from omni_ray.payload import FinishReason
-from omni_ray.runners.factory import make_thinker_runner
+from omni_ray.runners.factory import make_runner, stage_config
 
 pytestmark = VLLM_TESTS
 GREEDY = SamplingParams()
@@ -42,7 +44,8 @@ def vllm_runner(vllm_omni):
 
 @pytest.fixture(scope="module")
 def hf_runner(tiny_model_dir):
-    return make_thinker_runner("transformers", tiny_model_dir, "cpu", torch.float32)
+    return make_runner("thinker", tiny_model_dir, stage_config("thinker", dtype=torch.float32),
+                       pipeline=PipelineConfig())
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +77,15 @@ def run(runner, requests: dict[str, tuple]) -> tuple[dict, dict]:
 # -- factory (no engine) ---------------------------------------------------------------------------
 def test_unknown_backend_names_the_field():
     with pytest.raises(ValueError, match="thinker_backend.*'tensorrt'"):
-        make_thinker_runner("tensorrt", "/nonexistent")
+        make_runner("thinker", "/nonexistent", StageConfig.model_construct(backend="tensorrt"),
+                    pipeline=PipelineConfig())
+    with pytest.raises(ValueError, match="thinker_backend.*'tensorrt'"):
+        stage_config("thinker", "tensorrt")
 
 
 def test_engine_kwargs_rejected_for_transformers():
     with pytest.raises(ValueError, match="thinker_engine_kwargs"):
-        make_thinker_runner("transformers", "/nonexistent", engine_kwargs={"max_model_len": 64})
+        stage_config("thinker", "transformers", engine_kwargs={"max_model_len": 64})
 
 
 # -- the vLLM runner against the transformers runner -------------------------------------------
@@ -257,7 +263,7 @@ def test_engine_in_another_process_refuses_media_naming_why(tiny_model_dir):
     process get a clear error (a 400 at the ingress) instead of a talker without its hidden
     states. Built without starting a second engine: the check is on the runner's own state.
     (Compiled engines capture: tests/vllm/test_vllm_compiled.py.)"""
-    from omni_ray.runners.vllm_thinker import VllmThinkerRunner
+    from omni_ray.runners.vllm.thinker import VllmThinkerRunner
 
     runner = VllmThinkerRunner.__new__(VllmThinkerRunner)
     runner.media, runner._capture, runner._mm = True, None, {}

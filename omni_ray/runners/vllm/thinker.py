@@ -19,7 +19,7 @@ Audio / image prompts: vLLM runs the checkpoint's processor and the thinker's en
 a request brings the decoded media (``MultiModalInputs.raw_audio`` / ``raw_images``) and the
 prompt with its placeholders expanded by our processor; the runner collapses each placeholder run
 to one token for vLLM and checks that vLLM's expansion gives the same prompt. The accept-layer
-hidden states the talker needs come from a forward hook (``runners/vllm_hidden.py``).
+hidden states the talker needs come from a forward hook (``runners/vllm/hidden.py``).
 
 Sampling differences from the transformers runner: vLLM's repetition penalty also covers prompt
 tokens (ours covers generated tokens only), and seeded sampling draws from vLLM's generators, so
@@ -32,10 +32,15 @@ import contextlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason, MultiModalInputs
-from omni_ray.runners.thinker import MMContext, ThinkerStepOutput
+from omni_ray.runners.transformers.thinker import MMContext, ThinkerStepOutput
+
+if TYPE_CHECKING:
+    from omni_ray.config.pipeline import PipelineConfig
+    from omni_ray.config.serving import StageConfig
 
 IM_END_TOKEN_ID = 151645  # <|im_end|>: the thinker's end of turn when config.json does not say
 
@@ -52,6 +57,19 @@ class VllmThinkerRunner:
 
     needs_raw_media = True  # vLLM runs the processor itself: media requests bring decoded media
 
+    @classmethod
+    def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,
+                    pipeline: PipelineConfig | None = None, kv_transfer: bool = False,
+                    max_model_len: int | None = None) -> VllmThinkerRunner:
+        """Start the engine as ``stage_cfg`` says: its dtype, ``max_num_seqs`` and
+        ``engine_kwargs`` over our CPU defaults and ``max_model_len`` (runners/vllm/engine_args.py).
+        ``kv_transfer``: with omni_ray's KV connector (prefill/decode disaggregation)."""
+        from omni_ray.runners.vllm.engine_args import engine_kwargs
+
+        return cls(model_dir, dtype=stage_cfg.dtype, max_num_seqs=stage_cfg.max_num_seqs,
+                   kv_transfer=kv_transfer,
+                   engine_kwargs=engine_kwargs(model_dir, stage_cfg, max_model_len))
+
     def __init__(self, model_dir: str | os.PathLike, *, dtype: str = "float32",
                  max_num_seqs: int = 64, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.5, enforce_eager: bool = False,
@@ -67,7 +85,7 @@ class VllmThinkerRunner:
         ``accept_hidden_layer`` (default: the checkpoint's talker's): capture the talker's hidden
         states for media prompts (needs the engine in this process; compiled or eager).
         ``kv_transfer``: the prefill/decode hand-off (``prefill_only`` / ``add_prefilled_kv``)
-        through omni_ray's KV connector (runners/vllm_kv_connector.py; in-process engine). ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged
+        through omni_ray's KV connector (runners/vllm/kv_connector.py; in-process engine). ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged
         and override the arguments above. ``eos_token_ids`` default to the checkpoint's
         ``im_end_token_id``.
         """
@@ -93,7 +111,7 @@ class VllmThinkerRunner:
         if kv_transfer:
             from vllm.config import KVTransferConfig
 
-            from omni_ray.runners.vllm_kv_connector import CONFIG
+            from omni_ray.runners.vllm.kv_connector import CONFIG
 
             args["kv_transfer_config"] = KVTransferConfig(**CONFIG)
         args.update(engine_kwargs or {})
@@ -115,7 +133,7 @@ class VllmThinkerRunner:
                                     CAPTURE_LAYER_KEY: int(accept_hidden_layer)}
         self.kv_transfer = kv_transfer
         self.max_num_seqs = args["max_num_seqs"]
-        from omni_ray.runners.vllm_process import shared_workspace
+        from omni_ray.runners.vllm.process import shared_workspace
 
         with _no_torch_compile_on_cpu(args["enforce_eager"]), shared_workspace():
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
@@ -128,7 +146,7 @@ class VllmThinkerRunner:
         self._capture = None
         self._no_capture = None  # why media prompts cannot get the talker's hidden states
         if capture:
-            from omni_ray.runners.vllm_hidden import MMHiddenCapture
+            from omni_ray.runners.vllm.hidden import MMHiddenCapture
 
             self._capture = MMHiddenCapture(self.engine)
         elif self.media and accept_hidden_layer:
@@ -192,7 +210,7 @@ class VllmThinkerRunner:
         import uuid
 
         from omni_ray.runners.kv import Prefilled
-        from omni_ray.runners.vllm_kv_connector import SAVED
+        from omni_ray.runners.vllm.kv_connector import SAVED
 
         if not self.kv_transfer:
             raise RuntimeError("this vLLM thinker was started without kv_transfer")
@@ -226,7 +244,7 @@ class VllmThinkerRunner:
         a prefill elsewhere: vLLM loads the KV, computes only the first token's row, and the
         request's first step emits ``first_token``. (A seeded sampler restarts: ``rng_state`` is
         not carried into vLLM.)"""
-        from omni_ray.runners.vllm_kv_connector import TO_LOAD
+        from omni_ray.runners.vllm.kv_connector import TO_LOAD
 
         if not self.kv_transfer:
             raise RuntimeError("this vLLM thinker was started without kv_transfer")
@@ -258,7 +276,7 @@ class VllmThinkerRunner:
         self._first.pop(request_id, None)
         self._done_early = [o for o in self._done_early if o.request_id != request_id]
         if self.kv_transfer:
-            from omni_ray.runners.vllm_kv_connector import TO_LOAD
+            from omni_ray.runners.vllm.kv_connector import TO_LOAD
 
             TO_LOAD.pop(request_id, None)
         self._mm.pop(request_id, None)
@@ -281,7 +299,7 @@ class VllmThinkerRunner:
         Serve tests' clean-state checks see it here)."""
         staged = set()
         if self.kv_transfer:
-            from omni_ray.runners.vllm_kv_connector import SAVED, TO_LOAD
+            from omni_ray.runners.vllm.kv_connector import SAVED, TO_LOAD
 
             staged = (set(TO_LOAD) | set(SAVED)) - set(self._prompt_lens)
         return len(self._prompt_lens) + len(staged)

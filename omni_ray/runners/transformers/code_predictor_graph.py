@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from omni_ray.runners.talker_inputs import CP_TOP_K, CP_TOP_P
+from omni_ray.runners.transformers.code_predictor_sampling import CP_TOP_K, CP_TOP_P
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 

@@ -19,6 +19,8 @@ multimodal positions for the talker (``MMContext`` on the request's first step o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +28,10 @@ from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason, MultiModalInputs
 from omni_ray.runners.kv import Prefilled
 from omni_ray.runners.sampling import make_generator, sample_token
+
+if TYPE_CHECKING:
+    from omni_ray.config.pipeline import PipelineConfig
+    from omni_ray.config.serving import StageConfig
 
 
 @dataclass
@@ -86,6 +92,20 @@ class ThinkerRunner:
         self.max_num_seqs = max_num_seqs
         self.device = device
         self._seqs: dict[str, _Seq] = {}
+
+    @classmethod
+    def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,
+                    pipeline: PipelineConfig | None = None, kv_transfer: bool = False,
+                    max_model_len: int | None = None) -> ThinkerRunner:
+        """Load the checkpoint's thinker as ``stage_cfg`` says (device, dtype, ``max_num_seqs``).
+        This runner can always hand its KV over (``kv_transfer``) and has no length limit of
+        its own (``max_model_len``); ``pipeline`` is not its business."""
+        from omni_ray.models.loading import load_stage
+
+        th = load_stage(model_dir, "thinker", stage_cfg.device, getattr(torch, stage_cfg.dtype))
+        return cls(th.module, eos_token_ids=[th.config.im_end_token_id],
+                   max_num_seqs=stage_cfg.max_num_seqs, device=stage_cfg.device,
+                   accept_hidden_layer=th.config.talker_config.accept_hidden_layer)
 
     # -- request lifecycle -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,

@@ -17,8 +17,14 @@ one-shot decode of those N frames.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from omni_ray.config.pipeline import PipelineConfig
+    from omni_ray.config.serving import StageConfig
 
 
 @dataclass
@@ -48,9 +54,21 @@ class Code2WavRunner:
         self._reqs: dict[str, _Req] = {}
         self._stream = None
         if mode == "stateful":
-            from omni_ray.runners.code2wav_stream import StreamingCode2Wav
+            from omni_ray.runners.transformers.code2wav_stream import StreamingCode2Wav
 
             self._stream = StreamingCode2Wav(code2wav)
+
+    @classmethod
+    def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,
+                    pipeline: PipelineConfig, kv_transfer: bool = False,
+                    max_model_len: int | None = None) -> Code2WavRunner:
+        """Load the checkpoint's code2wav as ``stage_cfg`` says (device, dtype), decoding as
+        ``pipeline`` says (``code2wav_mode``, ``left_context_frames``)."""
+        from omni_ray.models.loading import load_stage
+
+        m = load_stage(model_dir, "code2wav", stage_cfg.device, getattr(torch, stage_cfg.dtype))
+        return cls(m.module, mode=pipeline.code2wav_mode,
+                   left_context_frames=pipeline.left_context_frames, device=stage_cfg.device)
 
     def add_request(self, request_id: str) -> None:
         if request_id in self._reqs:

@@ -35,13 +35,18 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
-from omni_ray.runners.talker_inputs import (TalkerInputs, TalkerRequests, TalkerSeq,
+from omni_ray.runners.transformers.talker_inputs import (TalkerInputs, TalkerRequests, TalkerSeq,
                                              TalkerStepOutput)
+
+if TYPE_CHECKING:
+    from omni_ray.config.pipeline import PipelineConfig
+    from omni_ray.config.serving import StageConfig
 
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH,
                    "abort": FinishReason.ABORT}
@@ -57,6 +62,24 @@ _BACKBONE_FIELDS = (
 
 class VllmTalkerRunner(TalkerRequests):
     """Step loop over an in-process vLLM engine serving the talker's backbone."""
+
+    @classmethod
+    def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,
+                    pipeline: PipelineConfig | None = None, kv_transfer: bool = False,
+                    max_model_len: int | None = None) -> VllmTalkerRunner:
+        """Load the talker's transformers parts and start the backbone's engine as ``stage_cfg``
+        says (``engine_kwargs`` over our CPU defaults with a 256 MiB KV cache, and
+        ``max_model_len``); ``pipeline`` and ``kv_transfer`` do not apply to it."""
+        from omni_ray.models.loading import load_stage
+        from omni_ray.runners.vllm.engine_args import CPU_ENGINE_DEFAULTS, engine_kwargs
+
+        tk = load_stage(model_dir, "talker", stage_cfg.device, getattr(torch, stage_cfg.dtype))
+        kwargs = engine_kwargs(model_dir, stage_cfg, max_model_len,
+                               cpu_defaults={**CPU_ENGINE_DEFAULTS,
+                                             "kv_cache_memory_bytes": 256 << 20})
+        return cls(model_dir, tk.module, tk.text_embedding, tk.config, dtype=stage_cfg.dtype,
+                   device=stage_cfg.device, max_num_seqs=stage_cfg.max_num_seqs,
+                   engine_kwargs=kwargs)
 
     def __init__(self, model_dir: str | os.PathLike, talker, text_embedding, config, *,
                  dtype: str = "float32", device: str = "cpu", max_num_seqs: int = 64,
@@ -74,7 +97,7 @@ class VllmTalkerRunner(TalkerRequests):
 
         from omni_ray.models.vllm_plugin import register
         from omni_ray.models.vllm_talker import TalkerScheduler
-        from omni_ray.runners.vllm_thinker import _no_torch_compile_on_cpu
+        from omni_ray.runners.vllm.thinker import _no_torch_compile_on_cpu
 
         register()
         talker.model.layers = torch.nn.ModuleList()  # vLLM runs the backbone
@@ -93,7 +116,7 @@ class VllmTalkerRunner(TalkerRequests):
             generation_config="vllm", disable_log_stats=True,
         )
         args.update(engine_kwargs or {})
-        from omni_ray.runners.vllm_process import shared_workspace
+        from omni_ray.runners.vllm.process import shared_workspace
 
         with _no_torch_compile_on_cpu(args["enforce_eager"]), shared_workspace():
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
@@ -108,7 +131,7 @@ class VllmTalkerRunner(TalkerRequests):
             model_runner.input_batch, model_runner.query_start_loc, model_runner.is_token_ids  # noqa: B018
         except AttributeError as e:
             raise RuntimeError("vLLM internals the talker bridge relies on have moved "
-                               f"({e}); see omni_ray/runners/vllm_talker.py") from e
+                               f"({e}); see omni_ray/runners/vllm/talker.py") from e
         if not isinstance(scheduler, TalkerScheduler) or not hasattr(model, "omni_bridge"):
             raise RuntimeError("vLLM did not use omni_ray's talker model / scheduler")
         self._bridge = _Bridge(self.inputs, model_runner, batch)

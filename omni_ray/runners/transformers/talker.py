@@ -1,19 +1,26 @@
 """Talker runner (transformers backend): codec frames from the thinker's text, step by step.
 
 Each request's inputs (prefill embeddings, the code predictor, the trailing text) are built by
-``TalkerInputs`` (runners/talker_inputs.py, which also says what the talker consumes and when a
+``TalkerInputs`` (runners/transformers/talker_inputs.py, which also says what the talker consumes and when a
 request must wait); this runner owns the backbone: one transformers KV cache per request, one
 request-forward at a time, the code predictor batched across requests on GPU.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import torch
 
 from omni_ray.payload import FinishReason
 from omni_ray.runners.sampling import sample_token
-from omni_ray.runners.talker_inputs import (  # noqa: F401 - re-exported
+from omni_ray.runners.transformers.talker_inputs import (  # noqa: F401 - re-exported
     ASSISTANT_HEADER, TalkerInputs, TalkerRequests, TalkerSeq, TalkerStepOutput, user_positions)
+
+if TYPE_CHECKING:
+    from omni_ray.config.pipeline import PipelineConfig
+    from omni_ray.config.serving import StageConfig
 
 _Seq = TalkerSeq
 
@@ -36,6 +43,18 @@ class TalkerRunner(TalkerRequests):
                                      else batch_code_predictor)
         self._seqs: dict[str, _Seq] = {}
         self.inputs.warm_up(max_num_seqs)
+
+    @classmethod
+    def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,
+                    pipeline: PipelineConfig | None = None, kv_transfer: bool = False,
+                    max_model_len: int | None = None) -> TalkerRunner:
+        """Load the checkpoint's talker (and the thinker's token embedding) as ``stage_cfg``
+        says; ``pipeline``, ``kv_transfer`` and ``max_model_len`` do not apply to it."""
+        from omni_ray.models.loading import load_stage
+
+        tk = load_stage(model_dir, "talker", stage_cfg.device, getattr(torch, stage_cfg.dtype))
+        return cls(tk.module, tk.text_embedding, tk.config, max_num_seqs=stage_cfg.max_num_seqs,
+                   device=stage_cfg.device)
 
     # -- request lifecycle -------------------------------------------------------------------
     def abort(self, request_id: str) -> bool:

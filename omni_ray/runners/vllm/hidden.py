@@ -37,7 +37,7 @@ class MMHiddenCapture:
             runner.input_batch, runner.query_start_loc  # noqa: B018 - fail now if they moved
         except AttributeError as e:
             raise RuntimeError("vLLM internals the multimodal hidden-state capture relies on "
-                               f"have moved ({e}); see omni_ray/runners/vllm_hidden.py") from e
+                               f"have moved ({e}); see omni_ray/runners/vllm/hidden.py") from e
         if getattr(model, "omni_rows", lambda: None)() is None:
             raise RuntimeError("the vLLM thinker was not built with omni_ray's capture layer "
                                "(hf_overrides architectures / omni_ray_capture_layer)")

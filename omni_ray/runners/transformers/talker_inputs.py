@@ -25,6 +25,7 @@ import torch
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
 from omni_ray.runners.sampling import make_generator, sample_token
+from omni_ray.runners.transformers.code_predictor_sampling import code_predictor_params
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class TalkerInputs:
     def __init__(self, talker, text_embedding, config, device: str = "cpu",
                  cuda_graphs: bool | None = None):
         """``cuda_graphs`` (default: on for CUDA devices): greedy batches of the code predictor
-        replay a CUDA graph (runners/code_predictor_graph.py) instead of ~75 eager forwards."""
+        replay a CUDA graph (runners/transformers/code_predictor_graph.py) instead of ~75 eager forwards."""
         self.model = talker
         self.embed_text = text_embedding
         self.cfg = config                 # Qwen3OmniMoeConfig
@@ -132,7 +133,7 @@ class TalkerInputs:
             cuda_graphs = str(device).startswith("cuda")
         self.cp_graphs = None
         if cuda_graphs:
-            from omni_ray.runners.code_predictor_graph import CodePredictorGraphs
+            from omni_ray.runners.transformers.code_predictor_graph import CodePredictorGraphs
 
             self.cp_graphs = CodePredictorGraphs(talker, device, self.tts_pad.dtype)
 
@@ -344,17 +345,6 @@ class TalkerRequests:
 
     def request_ids(self) -> list[str]:
         return list(self._seqs)
-
-
-CP_TOP_K, CP_TOP_P = 50, 0.8  # transformers' code predictor sampling
-
-
-def code_predictor_params(params: SamplingParams) -> SamplingParams:
-    """transformers mirrors the talker's do_sample onto the code predictor (temperature 1,
-    top-k 50, top-p 0.8)."""
-    if params.greedy:
-        return SamplingParams()
-    return SamplingParams(temperature=1.0, top_k=CP_TOP_K, top_p=CP_TOP_P)
 
 
 def assistant_start(ids: list[int], cfg) -> int:
