@@ -254,6 +254,8 @@ def phase_standin(chk: Check) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cfg = app_config(model, dev, port, tiny=False, dummy=True, processor=has_proc)
+    if a.standin_set:  # the base itself with other app args (e.g. the B of an A/B run apart)
+        cfg = with_overrides(cfg, parse_variant(f"set:{a.standin_set}")[1])
     sr, st = timed_start(chk, cfg, "standin", url, a.ray_stop)
     res["start"] = st
     if sr is None:
@@ -511,6 +513,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="after the standin bench, restart it with these app args and bench "
                          "again (an A/B in one run), e.g. "
                          "ramp:pipeline.ramp_chunks=true,pipeline.initial_chunk_frames=1")
+    ap.add_argument("--standin-set", default="", metavar="key.path=value[,...]",
+                    help="the standin phase's app args changed before it starts (no A/B)")
     ap.add_argument("--rates", default="", help="after the standin bench: Poisson arrivals at "
                     "these req/s with mixed prompt lengths, e.g. 1,2,4")
     ap.add_argument("--rate-requests", type=int, default=24, help="requests per rate")

@@ -81,7 +81,7 @@ def test_production_config(tmp_path):
     args = validate(load_args(REPO / "serve_configs" / "qwen3_omni.yaml"), tmp_path)
     assert args.pipeline.mode == "async_chunk"
     assert (args.pipeline.initial_chunk_frames, args.pipeline.chunk_frames,
-            args.pipeline.left_context_frames) == (4, 25, 25)
+            args.pipeline.ramp_chunks, args.pipeline.left_context_frames) == (1, 25, True, 25)
     assert args.thinker.backend == "vllm" and args.thinker.engine_resources.num_gpus == 1
     assert args.thinker.engine_kwargs["tensor_parallel_size"] == 1
     for stage in STAGES:

@@ -135,32 +135,34 @@ def test_tiny_phase_passes_on_cpu(tmp_path):
 def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     rc, lines, _ = run_check(tmp_path, "--phases", "standin", "--num-requests", "2",
                              "--rates", "4", "--rate-requests", "3", "--rate-prompt-words", "8,300",
-                             "--ab", "ramp:pipeline.ramp_chunks=true,pipeline.initial_chunk_frames=1")
+                             "--ab", "fifo:pipeline.first_chunks_first=false")
     assert rc == 0, "\n".join(lines)
     assert any(line.startswith("PASS standin /v1/models says dummy") for line in lines)
     assert any(line.startswith("PASS standin speech-out well-formed") for line in lines)
-    for name in ("gpu_serve.json", "gpu_serve_ramp.json"):  # the base, then the A/B variant
+    for name in ("gpu_serve.json", "gpu_serve_fifo.json"):  # the base, then the A/B variant
         serve = json.loads((tmp_path / name).read_text())
         assert {"commit", "device", "setup", "serve_run_to_healthy_s", "levels"} <= set(serve)
         assert [lv["concurrency"] for lv in serve["levels"]] == [1, 2]
         for lv in serve["levels"]:
             assert LEVEL_KEYS <= set(lv) and lv["num_ok"] == lv["num_requests"] == 2
         assert ("poisson" in serve) is (name == "gpu_serve.json")  # open loop: the base only
-    assert serve["setup"]["pipeline"]["ramp_chunks"] is True  # the variant ran with its args
+    assert serve["setup"]["pipeline"]["first_chunks_first"] is False  # the variant's args
     (lv,) = json.loads((tmp_path / "gpu_serve.json").read_text())["poisson"]
     assert lv["rate"] == 4 and lv["num_ok"] == lv["num_requests"] == 3
     assert lv["ttfa_p99_s"] >= lv["ttfa_p50_s"] > 0 and len(lv["prompt_tokens"]) == 3
-    assert sum(line.startswith("INFO A/B ramp c=") for line in lines) == 2
+    assert sum(line.startswith("INFO A/B fifo c=") for line in lines) == 2
 
 
 def test_a_variant_sets_dotted_app_args_and_keeps_the_base():
-    name, over = gpu_check.parse_variant("ramp:pipeline.ramp_chunks=true,talker.max_num_seqs=8")
-    assert name == "ramp" and over == {"pipeline.ramp_chunks": True, "talker.max_num_seqs": 8}
+    name, over = gpu_check.parse_variant("fifo:pipeline.first_chunks_first=false,"
+                                         "talker.max_num_seqs=8")
+    assert name == "fifo" and over == {"pipeline.first_chunks_first": False,
+                                       "talker.max_num_seqs": 8}
     base = gpu_check.app_config("/tmp/none", "cuda", 1234, tiny=False, dummy=True, processor=True)
     cfg = gpu_check.with_overrides(base, over)
     args = cfg["applications"][0]["args"]
-    assert args["pipeline"]["ramp_chunks"] is True and args["talker"]["max_num_seqs"] == 8
-    assert base["applications"][0]["args"]["pipeline"]["ramp_chunks"] is False
+    assert args["pipeline"]["first_chunks_first"] is False and args["talker"]["max_num_seqs"] == 8
+    assert "first_chunks_first" not in base["applications"][0]["args"]["pipeline"]  # untouched
     for bad in ("ramp", "ramp:", ":a=1", "ramp:a"):
         with pytest.raises(argparse.ArgumentTypeError):
             gpu_check.parse_variant(bad)
