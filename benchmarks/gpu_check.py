@@ -293,6 +293,25 @@ def phase_standin(chk: Check) -> None:
         standin_variant(chk, cfg, name, overrides, base)
 
 
+# Issue 20's targets for the one-H200 Serve app (stand-in, 128 tokens, 150 frames):
+# (concurrency, level key, target, "<=" or "<")
+TARGETS = [(1, "ttfa_p50_s", 0.150, "<="), (1, "rtf_p50", 0.15, "<="),
+           (8, "ttfa_p50_s", 0.300, "<="), (8, "rtf_p50", 0.15, "<="),
+           (32, "ttfa_p50_s", 0.600, "<="), (32, "rtf_p50", 0.25, "<="), (32, "rtf_p99", 1.0, "<")]
+
+
+def targets(levels: list[dict]) -> list[dict]:
+    """Each target against the measured level: name, value, target, met (levels not run left out)."""
+    by_c = {lv["concurrency"]: lv for lv in levels}
+    out = []
+    for c, key, target, op in TARGETS:
+        if c in by_c and by_c[c].get(key) is not None:
+            v = by_c[c][key]
+            out.append(dict(name=f"c={c} {key} {op} {target}", value=round(v, 4), target=target,
+                            met=v <= target if op == "<=" else v < target))
+    return out
+
+
 SHORT_PROMPT_TOKENS = 256  # "the others" of a long prompt: their first audio must not stall
 
 
@@ -433,7 +452,8 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
         write(a.out / (f"gpu_serve_{tag}.json" if tag else "gpu_serve.json"), dict(
             commit=chk.data["commit"], dirty=chk.data["dirty"], device=chk.data["device"],
             setup=setup, serve_run_to_healthy_s=st["healthy_s"],
-            serve_run_to_first_answer_s=st["first_answer_s"], levels=levels))
+            serve_run_to_first_answer_s=st["first_answer_s"], levels=levels,
+            targets=targets(levels)))
         ok = s["num_ok"] == s["num_requests"]
         chk.line("PASS" if ok else "FAIL", f"serve bench{sfx} c={c}",
                  f"ok {s['num_ok']}/{s['num_requests']}, ttft p50 {_f(lv['ttft_p50_s'])}s, "

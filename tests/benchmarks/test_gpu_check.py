@@ -153,6 +153,15 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     assert sum(line.startswith("INFO A/B fifo c=") for line in lines) == 2
 
 
+def test_targets_say_met_only_within_the_target():
+    levels = [dict(concurrency=1, ttfa_p50_s=0.15, rtf_p50=0.2),
+              dict(concurrency=32, ttfa_p50_s=0.5, rtf_p50=0.25, rtf_p99=1.0)]
+    got = {t["name"]: t["met"] for t in gpu_check.targets(levels)}
+    assert got == {"c=1 ttfa_p50_s <= 0.15": True, "c=1 rtf_p50 <= 0.15": False,
+                   "c=32 ttfa_p50_s <= 0.6": True, "c=32 rtf_p50 <= 0.25": True,
+                   "c=32 rtf_p99 < 1.0": False}  # c=8 not run: left out
+
+
 def test_a_variant_sets_dotted_app_args_and_keeps_the_base():
     name, over = gpu_check.parse_variant("fifo:pipeline.first_chunks_first=false,"
                                          "talker.max_num_seqs=8")
