@@ -125,6 +125,9 @@ def test_cases_cover_what_they_claim(sync_outputs):
     assert not torch.equal(outs["stop-token"].codec_frames, outs["story"].codec_frames)
 
 
+WINDOW_BOUND = 0.0031  # README.md "Delivery modes": window mode within 0.31 % of the peak
+
+
 def test_default_window_settings_difference(default_async, sync_outputs):
     """Default chunking (4 / 25, left context 25): same stream; the waveform differs once frames
     fall out of the left context. Prints the max difference relative to the sync peak."""
@@ -138,3 +141,4 @@ def test_default_window_settings_difference(default_async, sync_outputs):
               f"max |async - sync| / peak = {rel:.3g}")
         worst = max(worst, rel)
     print(f"default window settings: worst max |async - sync| / peak = {worst:.3g}")
+    assert worst <= WINDOW_BOUND, f"window mode past README.md's bound: {worst:.4g} of the peak"
