@@ -65,6 +65,16 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def omni_by_mode(tiny_model_dir):
+    """One offline pipeline per delivery mode (transformers backends, default PipelineConfig),
+    built once for the session: ``omni_by_mode["sync"]``, ``omni_by_mode["async_chunk"]``. Tests
+    that change a runner or the pipeline build their own."""
+    from omni_ray.offline import Omni
+
+    return {m: Omni(tiny_model_dir, mode=m) for m in ("sync", "async_chunk")}
+
+
+@pytest.fixture(scope="session")
 def reference_model(tiny_model_dir):
     """transformers' Qwen3OmniMoeForConditionalGeneration on the tiny checkpoint (the oracle)."""
     import torch

@@ -14,8 +14,8 @@ from omni_ray.offline import Omni
 
 
 @pytest.fixture(scope="module", params=["sync", "async_chunk"])
-def omni(request, tiny_model_dir) -> Omni:
-    return Omni(tiny_model_dir, mode=request.param)
+def omni(request, omni_by_mode) -> Omni:
+    return omni_by_mode[request.param]
 
 
 def _requests(omni: Omni) -> list[OmniRequest]:

@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from omni_ray.offline import Omni
 
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
 
 
 @pytest.fixture(scope="module")
-def omnis(tiny_model_dir):
-    return {m: Omni(tiny_model_dir, mode=m) for m in ("async_chunk", "sync")}
+def omnis(omni_by_mode):
+    return omni_by_mode
 
 
 @pytest.mark.parametrize("mode", ["async_chunk", "sync"])

@@ -10,8 +10,8 @@ from omni_ray.offline import Omni
 
 
 @pytest.fixture(scope="module")
-def omni(tiny_model_dir) -> Omni:
-    return Omni(tiny_model_dir, mode="async_chunk")
+def omni(omni_by_mode) -> Omni:
+    return omni_by_mode["async_chunk"]
 
 
 def _runner_ids(omni: Omni) -> tuple[list[str], ...]:

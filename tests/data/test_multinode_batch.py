@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_each_stage_on_its_own_node_gives_omnis_rows(tiny_model_dir):
+def test_each_stage_on_its_own_node_gives_omnis_rows(tiny_model_dir, omni_by_mode):
     script = Path(__file__).with_name("multinode_batch.py")
     env = {**os.environ, "RAY_ADDRESS": ""}
     proc = subprocess.run([sys.executable, str(script), tiny_model_dir], capture_output=True,
@@ -26,9 +26,7 @@ def test_each_stage_on_its_own_node_gives_omnis_rows(tiny_model_dir):
     assert res["placed"] == {"ThinkerStage": ["thinker_node"], "TalkerStage": ["talker_node"],
                              "Code2WavStage": ["code2wav_node"]}
 
-    from omni_ray.offline import Omni
-
-    omni = Omni(tiny_model_dir, mode="sync")
+    omni = omni_by_mode["sync"]
     for row in res["rows"]:
         assert row["error"] is None
     want = {o.request_id: o for o in omni.generate([

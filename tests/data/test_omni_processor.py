@@ -89,10 +89,8 @@ def omni_messages(row: dict) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model_dir):
-    from omni_ray.offline import Omni
-
-    omni = Omni(tiny_model_dir, mode="sync")
+def expected(omni_by_mode):
+    omni = omni_by_mode["sync"]
     reqs = [omni.request(omni_messages(r), r["id"], speaker=r.get("voice", "ethan").lower(),
                          max_tokens=r.get("max_tokens", MAX_TOKENS),
                          max_audio_frames=r.get("max_audio_frames", FRAMES),
