@@ -28,9 +28,7 @@ def add_parser(sub) -> None:
                    help="rows.jsonl, or a .parquet file / directory with an id column")
     p.add_argument("--output", type=Path, required=True, metavar="DIR",
                    help="Parquet directory; rows whose id is already there are skipped")
-    p.add_argument("--model", default=None,
-                   help="checkpoint directory, hub id or 'tiny' (default: the config's, else tiny)")
-    add_app_flags(p)
+    add_app_flags(p, model=True)
     p.add_argument("--batch-size", type=positive_int, default=16, help="rows per stage step")
     p.add_argument("--concurrency", type=positive_int, default=1, help="actors per stage")
     p.add_argument("--audio-format", choices=AUDIO_FORMATS, default="flac",

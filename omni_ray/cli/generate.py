@@ -13,24 +13,18 @@ from pathlib import Path
 
 from omni_ray.audio_formats import AUDIO_SUFFIXES
 from omni_ray.cli.argtypes import MODALITIES, modalities, positive_int, token_ids
-from omni_ray.cli.loading import find_checkpoint, load_omni
+from omni_ray.cli.loading import find_checkpoint, load_omni, offline_serving_args
 from omni_ray.cli.progress import Progress, add_progress_flags
-from omni_ray.cli.serve_config import add_app_flags, serving_args
+from omni_ray.cli.serve_config import add_app_flags
 from omni_ray.config.defaults import (DEFAULT_CODE2WAV_MODE, DEFAULT_MAX_AUDIO_FRAMES,
-                                      DEFAULT_MAX_TOKENS, DEFAULT_MODE, DEFAULT_SPEAKER)
+                                      DEFAULT_MAX_TOKENS, DEFAULT_MODE, DEFAULT_SPEAKER,
+                                      SAMPLED_TALKER, SAMPLED_THINKER)
 
-# --sample: per-stage sampling a person would serve with (talker as in vLLM-Omni's defaults).
-THINKER_SAMPLING = dict(temperature=0.7, top_p=0.9)
-TALKER_SAMPLING = dict(temperature=0.9, top_k=50, repetition_penalty=1.05)
 
 
 def add_parser(sub) -> None:
     gen = sub.add_parser("generate", help="text (and speech) for one prompt, offline")
-    gen.add_argument("--model", default=None,
-                     help="checkpoint directory, Hugging Face hub id, or 'tiny' (default: the "
-                          "config's model, else the tiny checkpoint in $OMNI_RAY_HOME: random "
-                          "weights)")
-    add_app_flags(gen)
+    add_app_flags(gen, model=True)
     prompt = gen.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--text", help="user message (wrapped in the chat template)")
     prompt.add_argument("--prompt-ids", type=token_ids, metavar="1,2,3",
@@ -70,11 +64,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     _check_args(parser, args)
     progress = Progress.from_args(args)
     wants_audio = "audio" in args.modalities
-    pipeline = {"mode": args.mode, "code2wav_mode": args.code2wav_mode}
-    try:
-        sa, _ = serving_args(args, {"pipeline": pipeline, "allow_dummy_weights": True})
-    except (OSError, ValueError) as e:
-        parser.error(str(e))
+    sa = offline_serving_args(parser, args)
 
     # 2) Find (or make, or fetch) the checkpoint; say when its weights are random.
     model = find_checkpoint(parser, sa, progress)
@@ -150,8 +140,8 @@ def _request(parser, args, omni, sa, speaker: str):
                   max_audio_frames=args.max_audio_frames or sa.limits.default_max_audio_frames,
                   mm=mm)
     if args.sample:
-        fields["thinker_sampling"] = SamplingParams(**THINKER_SAMPLING, seed=args.seed)
-        fields["talker_sampling"] = SamplingParams(**TALKER_SAMPLING, seed=args.seed)
+        fields["thinker_sampling"] = SamplingParams(**SAMPLED_THINKER, seed=args.seed)
+        fields["talker_sampling"] = SamplingParams(**SAMPLED_TALKER, seed=args.seed)
     return OmniRequest(**fields)
 
 

@@ -21,6 +21,19 @@ def warnings_to_stderr() -> None:
     hf_logging.disable_progress_bar()
 
 
+def offline_serving_args(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The app's args for an offline command: ``--config`` and the flags, its ``--mode`` and
+    ``--code2wav-mode``, random weights allowed (and warned about). Bad ones exit 2."""
+    from omni_ray.cli.serve_config import serving_args
+
+    pipeline = {"mode": args.mode, "code2wav_mode": args.code2wav_mode}
+    try:
+        sa, _ = serving_args(args, {"pipeline": pipeline, "allow_dummy_weights": True})
+    except (OSError, ValueError) as e:
+        parser.error(str(e))
+    return sa
+
+
 def find_checkpoint(parser: argparse.ArgumentParser, sa, progress: Progress) -> str:
     """The checkpoint directory of ``sa.model``: made (``tiny``, first use) or fetched (a hub
     id) under a status line; a local directory as it is. Errors exit 2 naming the problem."""

@@ -53,9 +53,15 @@ def deep_merge(base: dict, override: dict) -> dict:
     return {k: v for k, v in out.items() if v != {} or k in base}
 
 
-def add_app_flags(p) -> None:
-    """The flags ``serve`` and ``generate`` share: what to load, and how (each overrides the
-    config file's args; left out, the file's value or the app's default holds)."""
+def add_app_flags(p, model: bool = False) -> None:
+    """The flags ``serve``, ``generate``, ``speak`` and ``batch`` share: what to load, and how
+    (each overrides the config file's args; left out, the file's value or the app's default
+    holds). ``model``: a ``--model`` flag too (``serve`` takes the model positionally)."""
+    if model:
+        p.add_argument("--model", default=None,
+                       help="checkpoint directory, Hugging Face hub id, or 'tiny' (default: the "
+                            "config's model, else the tiny checkpoint in $OMNI_RAY_HOME: random "
+                            "weights)")
     p.add_argument("--config", type=Path, default=None, metavar="FILE",
                    help="a Serve config YAML (e.g. serve_configs/tiny_omni.yaml): its first "
                         "application's args, then these flags")

@@ -15,23 +15,16 @@ from pathlib import Path
 
 from omni_ray.audio_formats import SPEECH_SUFFIXES
 from omni_ray.cli.argtypes import positive_int
-from omni_ray.cli.loading import find_checkpoint, load_omni
+from omni_ray.cli.loading import find_checkpoint, load_omni, offline_serving_args
 from omni_ray.cli.progress import Progress, add_progress_flags
-from omni_ray.cli.serve_config import add_app_flags, serving_args
-from omni_ray.config.defaults import DEFAULT_CODE2WAV_MODE, DEFAULT_MODE, DEFAULT_SPEAKER
-
-MAX_INPUT_CHARS = 4096  # as /v1/audio/speech (OpenAI's limit)
-# --sample: the talker's sampling as generate --sample (vLLM-Omni's defaults)
-TALKER_SAMPLING = dict(temperature=0.9, top_k=50, repetition_penalty=1.05)
+from omni_ray.cli.serve_config import add_app_flags
+from omni_ray.config.defaults import (DEFAULT_CODE2WAV_MODE, DEFAULT_MODE, DEFAULT_SPEAKER,
+                                     MAX_SPEECH_INPUT_CHARS, SAMPLED_TALKER)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("speak", help="speech for a given text, offline (as /v1/audio/speech)")
-    p.add_argument("--model", default=None,
-                   help="checkpoint directory, Hugging Face hub id, or 'tiny' (default: the "
-                        "config's model, else the tiny checkpoint in $OMNI_RAY_HOME: random "
-                        "weights)")
-    add_app_flags(p)
+    add_app_flags(p, model=True)
     p.add_argument("--text", required=True, help="what to say, exactly")
     p.add_argument("--voice", default=None,
                    help="a voice of the checkpoint's talker, any case (default: the config's "
@@ -59,14 +52,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     fmt = SPEECH_SUFFIXES.get(args.out.suffix.lower())
     if fmt is None:
         parser.error(f"--out {args.out}: the file name must end in {', '.join(SPEECH_SUFFIXES)}")
-    if not args.text.strip() or len(args.text) > MAX_INPUT_CHARS:
-        parser.error(f"--text: give 1 to {MAX_INPUT_CHARS} characters of text to speak")
+    if not args.text.strip() or len(args.text) > MAX_SPEECH_INPUT_CHARS:
+        parser.error(f"--text: give 1 to {MAX_SPEECH_INPUT_CHARS} characters of text to speak")
     progress = Progress.from_args(args)
-    pipeline = {"mode": args.mode, "code2wav_mode": args.code2wav_mode}
-    try:
-        sa, _ = serving_args(args, {"pipeline": pipeline, "allow_dummy_weights": True})
-    except (OSError, ValueError) as e:
-        parser.error(str(e))
+    sa = offline_serving_args(parser, args)
 
     # 2) The checkpoint and its voice, then the three stages.
     model = find_checkpoint(parser, sa, progress)
@@ -118,7 +107,7 @@ def _request(parser, args, omni, sa, voice: str):
     frames = min(FRAMES_BASE + FRAMES_PER_TOKEN * answer, lim.max_audio_frames)
     if args.max_audio_frames is not None:
         frames = min(frames, args.max_audio_frames)
-    talker = (SamplingParams(**TALKER_SAMPLING, seed=args.seed) if args.sample
+    talker = (SamplingParams(**SAMPLED_TALKER, seed=args.seed) if args.sample
               else sa.talker.default_sampling or SamplingParams())
     return omni.speech_request(args.text, request_id="speak", speaker=voice, max_tokens=answer,
                                max_audio_frames=frames, talker_sampling=talker)

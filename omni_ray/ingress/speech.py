@@ -27,10 +27,11 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from omni_ray.audio_formats import API_AUDIO_FORMATS, encode_audio
+from omni_ray.config.defaults import MAX_SPEECH_INPUT_CHARS
 
 # OpenAI's speech formats -> ours (chat's pcm16 is the speech API's pcm)
 FORMATS = {"mp3": "mp3", "opus": "opus", "aac": "aac", "flac": "flac", "wav": "wav", "pcm": "pcm16"}
-MAX_INPUT_CHARS = 4096  # OpenAI's limit
+MAX_INPUT_CHARS = MAX_SPEECH_INPUT_CHARS  # OpenAI's limit
 FRAMES_BASE, FRAMES_PER_TOKEN = 25, 12  # the audio's bound: 2 s + ~1 s a token (speech: ~0.3 s)
 
 
