@@ -41,7 +41,8 @@ def test_serve_answers_then_stops_on_ctrl_c(tiny_model_dir, tmp_path, get_free_p
 
     port = get_free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMNI_RAY_HOME=str(tmp_path / "home"),
-               RAY_AUTH_MODE="disabled")
+               RAY_AUTH_MODE="disabled", RAY_ADDRESS="local")  # a Ray of its own, never
+    # another on the box (ray.init() would join the newest running cluster)
     log = open(tmp_path / "serve.log", "w")
     # Its own session: everything it starts (Ray's processes) shares the session id, so "no
     # process left" is checked exactly, without touching anyone else's Ray.

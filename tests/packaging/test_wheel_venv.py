@@ -52,7 +52,9 @@ def _clean_env(tmp_path: Path) -> dict:
     """This session's environment without what would put the repository on the path."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "PYTHONSTARTUP", "VIRTUAL_ENV", "RAY_ADDRESS")}
-    return dict(env, OMNI_RAY_HOME=str(tmp_path / "home"), RAY_AUTH_MODE="disabled")
+    # RAY_ADDRESS=local: a Ray of its own (ray.init() would join the newest cluster on the box)
+    return dict(env, OMNI_RAY_HOME=str(tmp_path / "home"), RAY_AUTH_MODE="disabled",
+                RAY_ADDRESS="local")
 
 
 @pytest.fixture(scope="module")
