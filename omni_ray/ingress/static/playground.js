@@ -392,17 +392,26 @@
       if (state.status !== "error") state.status = "done" + (state.finishReason ? ` (${state.finishReason})` : "");
     } catch (e) {
       history.pop(); // the user turn did not get an answer; leave it out of the next request
-      if (e.name === "AbortError") {
-        state.status = "stopped";
-      } else {
-        state.status = "error";
-        showError(e.message || String(e));
-      }
+      failed(e);
     } finally {
-      controller = null;
-      setBusy(false);
-      render();
+      idle();
     }
+  }
+
+  // A request that ended early: stopped by the user, or an error shown.
+  function failed(e) {
+    if (e.name === "AbortError") {
+      state.status = "stopped";
+    } else {
+      state.status = "error";
+      showError(e.message || String(e));
+    }
+  }
+
+  function idle() {
+    controller = null;
+    setBusy(false);
+    render();
   }
 
   // -- "speak this text": POST v1/audio/speech, raw pcm played as it arrives ------------------
@@ -454,16 +463,9 @@
       out.textContent = `${text} (spoken: ${state.audioSeconds.toFixed(2)} s)`;
       state.status = "done (speech)";
     } catch (e) {
-      if (e.name === "AbortError") {
-        state.status = "stopped";
-      } else {
-        state.status = "error";
-        showError(e.message || String(e));
-      }
+      failed(e);
     } finally {
-      controller = null;
-      setBusy(false);
-      render();
+      idle();
     }
   }
 
