@@ -17,9 +17,7 @@ from pathlib import Path
 
 from omni_ray.data.config import OmniProcessorConfig
 from omni_ray.data.processor import build_omni_processor
-
-INPUT_FIELDS = ("id", "messages", "prompt", "voice", "max_tokens", "max_audio_frames",
-                "modalities", "temperature", "top_p", "seed")
+from omni_ray.data.rows import ROW_FIELDS
 
 
 def parse_line(row: dict) -> dict:
@@ -27,7 +25,7 @@ def parse_line(row: dict) -> dict:
     string (rows differ in shape; the thinker stage parses it). A line that is not a JSON
     object becomes a row whose ``messages`` cannot be parsed: its output row names the error."""
     line = row["text"]
-    out: dict = dict.fromkeys(INPUT_FIELDS)
+    out: dict = dict.fromkeys(ROW_FIELDS)
     try:
         obj = json.loads(line)
         if not isinstance(obj, dict):
@@ -36,7 +34,7 @@ def parse_line(row: dict) -> dict:
         out["id"] = "line-" + hashlib.sha1(line.encode()).hexdigest()[:16]
         out["messages"] = line  # "messages: not valid JSON" in the output
         return out
-    for k in INPUT_FIELDS:
+    for k in ROW_FIELDS:
         v = obj.get(k)
         out[k] = json.dumps(v) if k in ("messages", "modalities") and v is not None else v
     if out["id"] is None:
