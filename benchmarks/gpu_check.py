@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import operator
 import os
 import shutil
 import subprocess
@@ -294,10 +295,14 @@ def phase_standin(chk: Check) -> None:
 
 
 # Issue 20's targets for the one-H200 Serve app (stand-in, 128 tokens, 150 frames):
-# (concurrency, level key, target, "<=" or "<")
+# (concurrency, level key, target, "<=", "<" or ">=")
 TARGETS = [(1, "ttfa_p50_s", 0.150, "<="), (1, "rtf_p50", 0.15, "<="),
+           (1, "text_tok_s_p50", 200.0, ">="),
            (8, "ttfa_p50_s", 0.300, "<="), (8, "rtf_p50", 0.15, "<="),
            (32, "ttfa_p50_s", 0.600, "<="), (32, "rtf_p50", 0.25, "<="), (32, "rtf_p99", 1.0, "<")]
+
+
+_OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge}
 
 
 def targets(levels: list[dict]) -> list[dict]:
@@ -308,8 +313,20 @@ def targets(levels: list[dict]) -> list[dict]:
         if c in by_c and by_c[c].get(key) is not None:
             v = by_c[c][key]
             out.append(dict(name=f"c={c} {key} {op} {target}", value=round(v, 4), target=target,
-                            met=v <= target if op == "<=" else v < target))
+                            met=_OPS[op](v, target)))
     return out
+
+
+def profile_line(profile: dict) -> str:
+    """One line of a level's step profile (benchmarks/step_profile.py): per stage steps/s,
+    requests per step, ms per step, busy share, and the runner's parts in ms per step."""
+    parts = []
+    for stage, r in profile.items():
+        runner = " ".join(f"{k[:-2]}={v:.1f}" for k, v in (r.get("runner_ms_per_step") or {}).items())
+        parts.append(f"{stage}: {r['steps_per_s']:.0f} steps/s x{_f(r['requests_per_step'], 1)} "
+                     f"{_f(r['ms_per_step'], 1)} ms/step busy {r['share']['step']:.0%} "
+                     f"cmds {r['share']['commands']:.0%}" + (f" [{runner}]" if runner else ""))
+    return "; ".join(parts)
 
 
 SHORT_PROMPT_TOKENS = 256  # "the others" of a long prompt: their first audio must not stall
@@ -439,15 +456,19 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
         lv = dict(concurrency=c, ttft_p50_s=m["ttft"]["p50"], ttfa_p50_s=m["ttfa"]["p50"],
                   ttfa_p99_s=m["ttfa"]["p99"], rtf_p50=m["rtf"]["p50"], rtf_p99=m["rtf"]["p99"],
                   e2e_p50_s=m["e2e"]["p50"], text_tok_s=s["output_tokens_per_s"],
+                  text_tok_s_p50=m["text_rate"]["p50"],
                   audio_s_per_s=s["audio_seconds_per_s"], num_requests=s["num_requests"],
                   num_ok=s["num_ok"], output_tokens_mean=m["output_tokens"]["mean"],
                   audio_seconds_mean=m["audio_seconds"]["mean"], wall_s=s["wall_s"])
+        lv["step_profile"] = run.get("step_profile")
         bd = lv["ttfa_breakdown"] = run.get("ttfa_breakdown") or {}
         from benchmarks.timeline import SEGMENTS
 
         complete = all(name in bd for name, _, _ in SEGMENTS)  # every stage noted its milestones
         chk.line("PASS" if complete else "FAIL", f"ttfa breakdown{sfx} c={c}", "p50 ms: " + ", ".join(
             f"{k.split(':')[0]} {v['p50'] * 1e3:.0f}" for k, v in bd.items()))
+        if lv["step_profile"]:
+            chk.line("INFO", f"step profile{sfx} c={c}", profile_line(lv["step_profile"]))
         levels.append(lv)
         write(a.out / (f"gpu_serve_{tag}.json" if tag else "gpu_serve.json"), dict(
             commit=chk.data["commit"], dirty=chk.data["dirty"], device=chk.data["device"],

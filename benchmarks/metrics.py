@@ -66,6 +66,7 @@ class RequestRecord:
 
     start: float
     first_text: float | None = None
+    last_text: float | None = None
     first_audio: float | None = None
     last_audio: float | None = None
     end: float | None = None
@@ -96,6 +97,7 @@ class RequestRecord:
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 self.text += delta["content"]
+                self.last_text = now
                 if self.first_text is None:
                     self.first_text = now
             data = (delta.get("audio") or {}).get("data")
@@ -121,6 +123,14 @@ class RequestRecord:
         return None if self.first_audio is None else self.first_audio - self.start
 
     @property
+    def text_rate(self) -> float | None:
+        """Text tokens a second after the first (the thinker's decode speed as streamed)."""
+        if self.first_text is None or not self.completion_tokens or self.completion_tokens < 2:
+            return None
+        span = self.last_text - self.first_text
+        return (self.completion_tokens - 1) / span if span > 0 else None
+
+    @property
     def audio_seconds(self) -> float:
         return self.audio_bytes / PCM16_BYTES / SAMPLE_RATE
 
@@ -137,7 +147,8 @@ class RequestRecord:
         """JSON-ready: the derived metrics plus the raw counts (text shortened)."""
         raw = asdict(self)
         raw["text"] = self.text[:80]
-        return dict(ttft=self.ttft, ttfa=self.ttfa, audio_seconds=self.audio_seconds,
+        return dict(ttft=self.ttft, ttfa=self.ttfa, text_rate=self.text_rate,
+                    audio_seconds=self.audio_seconds,
                      rtf=self.rtf, e2e=self.e2e, output_tokens=self.completion_tokens,
                      ok=self.ok, **{k: raw[k] for k in ("audio_packets", "finish_reason",
                                                          "error", "text", "prompt_tokens")})
@@ -185,7 +196,7 @@ def summarize(records: list[RequestRecord], wall_s: float) -> RunSummary:
     tokens = sum(r.completion_tokens or 0 for r in ok)
     audio = sum(r.audio_seconds for r in ok)
     metrics = {name: stats([getattr(r, name) for r in ok])
-               for name in ("ttft", "ttfa", "rtf", "e2e", "audio_seconds")}
+               for name in ("ttft", "ttfa", "rtf", "e2e", "audio_seconds", "text_rate")}
     metrics["output_tokens"] = stats([r.completion_tokens for r in ok])
     return RunSummary(num_requests=len(records), num_ok=len(ok), wall_s=wall_s,
                       requests_per_s=len(ok) / wall_s, output_tokens_per_s=tokens / wall_s,

@@ -106,6 +106,8 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
     """Every load level of ``args`` against ``url``; returns one result dict per level."""
     from tqdm import tqdm
 
+    from benchmarks import step_profile
+
     levels = ([("rate", r) for r in _floats(args.request_rate)] if args.request_rate
               else [("concurrency", c) for c in _ints(args.concurrency)])
     max_c = max(int(v) if k == "concurrency" else requests_per_level(args, v) for k, v in levels)
@@ -130,6 +132,7 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
         for kind, value in levels:
             batch = bodies(requests_per_level(args, value if kind == "concurrency" else 0),
                            args.seed)
+            stats_before = await asyncio.to_thread(step_profile.fetch, url)
             with tqdm(total=len(batch), desc=f"{label} {kind}={value}", leave=True) as pbar:
                 if kind == "rate":
                     recs, wall = await open_loop(client, url, batch, value, args.seed, pbar)
@@ -139,7 +142,10 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
             print(summary_line(label, kind, value, summary), flush=True)
             results.append(dict(label=label, load=kind, value=value, summary=asdict(summary),
                                 requests=[r.summary() for r in recs],
-                                ttfa_breakdown=await ttfa_breakdown(url, len(batch))))
+                                ttfa_breakdown=await ttfa_breakdown(url, len(batch)),
+                                step_profile=step_profile.diff(
+                                    stats_before,
+                                    await asyncio.to_thread(step_profile.fetch, url), wall)))
     return results
 
 

@@ -36,5 +36,10 @@ class PipelineConfig(BaseModel):
                     "window: re-decode left_context_frames each chunk")
     left_context_frames: int = Field(25, ge=1, le=2000,
                                      description="left context for code2wav_mode=window")
+    text_chunk_ms: float = Field(
+        20.0, ge=0, le=1000,
+        description="async_chunk: the thinker's text goes to the talker at most once per this "
+                    "many ms per request (the first token at once; 0: every token as it comes). "
+                    "The talker speaks ~12.5 tokens a second: fewer, larger pushes cost it less")
     max_chunks_in_flight: int = Field(8, ge=1, le=1024,
                                       description="per request and edge, before the sender waits")

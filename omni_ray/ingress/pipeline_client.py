@@ -164,8 +164,9 @@ def _first_line(e: BaseException, limit: int = 300) -> str:
 
 async def _pump(name: str, gen, queue: asyncio.Queue) -> None:
     try:
-        async for buf in gen:
-            await queue.put((name, decode_chunk(buf)))
+        async for bufs in gen:  # a list per item (StageEngine.stream)
+            for buf in bufs:
+                await queue.put((name, decode_chunk(buf)))
         await queue.put((name, _DONE))
     except asyncio.CancelledError:
         raise

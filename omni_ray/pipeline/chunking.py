@@ -6,6 +6,8 @@ finishes and sends one chunk. Both keep ``seq`` gap-free and end with exactly on
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from omni_ray.payload import CodecChunk, FinishReason, ThinkerChunk
@@ -15,8 +17,13 @@ class ThinkerChunker:
     """Per request: thinker step outputs -> ThinkerChunks (prompt rides on chunk 0)."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], mode: str,
-                 mm_hidden: torch.Tensor | None = None):
+                 mm_hidden: torch.Tensor | None = None, interval_s: float = 0.0,
+                 clock=time.monotonic):
+        """``interval_s``: in async_chunk, a chunk goes at most this often (the first at once,
+        the last when the request finishes); tokens in between wait for the next."""
         self.request_id = request_id
+        self.interval_s, self.clock = interval_s, clock
+        self.sent_at = -float("inf")
         self.prompt = list(prompt_token_ids)
         self.mm_hidden = mm_hidden
         self.image_grid_thw: torch.Tensor | None = None
@@ -39,6 +46,10 @@ class ThinkerChunker:
         if not (self.stream or finished):
             return []
         first = self.seq == 0
+        if self.interval_s > 0 and not (first or finished) and (
+                not self.pending or self.clock() - self.sent_at < self.interval_s):
+            return []
+        self.sent_at = self.clock()
         chunk = ThinkerChunk(
             request_id=self.request_id, seq=self.seq, token_ids=self.pending, finished=finished,
             finish_reason=reason if finished else FinishReason.NONE,

@@ -51,7 +51,8 @@ class ThinkerLogic(StageLogic):
     def _track(self, req: OmniRequest, has_downstream: bool) -> None:
         """Start the request's bookkeeping here (its runner already holds it)."""
         self._chunkers[req.request_id] = (
-            ThinkerChunker(req.request_id, req.prompt_token_ids, self.pipeline.mode)
+            ThinkerChunker(req.request_id, req.prompt_token_ids, self.pipeline.mode,
+                           interval_s=self.pipeline.text_chunk_ms / 1e3)
             if has_downstream else None)
         self._seq[req.request_id] = 0
 

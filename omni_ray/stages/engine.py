@@ -6,9 +6,11 @@ engine pushes its own output to the next stage's engine. The runner lives on one
 (``_loop_thread``); everything else (request table, senders, output queues) lives on the actor's
 asyncio loop, and the two talk through a command queue and ``call_soon_threadsafe``.
 
-Streaming convention of ``stream(request_id)``: yields encoded payload chunks (``TextDelta`` from
-the thinker, ``AudioChunk`` from code2wav, nothing from the talker) and ends after the request's
-final item; a failed request raises ``StageRequestError`` from the generator instead.
+Streaming convention of ``stream(request_id)``: yields lists of encoded payload chunks
+(``TextDelta`` from the thinker, ``AudioChunk`` from code2wav, nothing from the talker), each list
+everything queued when the reader came back (one item while it keeps up, several under load: one
+Ray item per batch, not per token), and ends after the request's final item; a failed request
+raises ``StageRequestError`` from the generator instead, after the items queued before it.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ class StageEngine:
         self._loop_died = asyncio.Event()  # set (on the actor's loop) when _dead is
         self.counters = dict(steps=0, chunks_in=0, bytes_in=0, chunks_out=0, aborts=0, errors=0,
                              warmups=0, unclaimed=0)
+        # Where the loop thread's time goes (seconds; benchmarks diff them around a load level):
+        # waiting for work, applying commands and chunks, stepping; rows = requests stepped.
+        self.loop_time = dict(idle_s=0.0, commands_s=0.0, step_s=0.0, rows=0)
         self.metrics = EngineMetrics(stage)
 
     # -- control plane (called by the Serve replica) ----------------------------------------
@@ -140,13 +145,22 @@ class StageEngine:
             raise KeyError(f"unknown request {request_id!r}")
         st.claimed = True
         try:
-            while True:
-                item = await st.out.get()
-                if item is _END:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            done = False
+            while not done:
+                items, batch = [await st.out.get()], []
+                while not st.out.empty():
+                    items.append(st.out.get_nowait())
+                for item in items:
+                    if item is _END:
+                        done = True
+                        break
+                    if isinstance(item, BaseException):
+                        if batch:
+                            yield batch
+                        raise item
+                    batch.append(item)
+                if batch:
+                    yield batch
             if st.sender is not None and not st.aborted:
                 await st.sender.wait()  # every push acknowledged: no ref outlives the request
         finally:
@@ -188,6 +202,8 @@ class StageEngine:
             actor_id=ctx.get_actor_id(), node_id=ctx.get_node_id(), pid=os.getpid(),
             requests=len(self._reqs),
             runner_requests=await self._call(self.logic.num_requests),
+            loop_time=dict(self.loop_time),
+            runner_time=dict(getattr(self.logic.runner, "time_spent", None) or {}),
             senders_in_flight=sum(s.sender.in_flight for s in self._reqs.values() if s.sender),
             held_chunks=sum(s.reorder.held for s in self._reqs.values()),
             **self.counters,
@@ -232,6 +248,7 @@ class StageEngine:
         return await fut
 
     def _run(self) -> None:
+        clock, spent = time.perf_counter, self.loop_time
         try:
             while True:
                 # 1) Apply commands; block only when there is nothing to step.
@@ -239,19 +256,26 @@ class StageEngine:
                 if block:
                     self.metrics.on_idle(self._admitted())
                 while True:
+                    t0 = clock()
                     try:
                         kind, arg, fut = self._cmds.get(block=block, timeout=None)
                     except queue.Empty:
                         break
+                    t1 = clock()
                     block = False
                     emits = self._apply(kind, arg, fut)
                     self._dispatch(emits)
+                    spent["idle_s"] += t1 - t0
+                    spent["commands_s"] += clock() - t1
                 # 2) One step of the runner over every ready request.
                 if self.logic.has_work():
+                    t0 = clock()
                     emits = self.logic.step()
                     self.counters["steps"] += 1
                     self.metrics.on_step(self.logic.last_batch_size, self._admitted())
                     self._dispatch(emits)
+                    spent["step_s"] += clock() - t0
+                    spent["rows"] += self.logic.last_batch_size
         except BaseException as e:  # the loop itself broke: fail everything, loudly
             self._dead = e
             self._loop.call_soon_threadsafe(self._fail_all, e)

@@ -198,9 +198,9 @@ class FakeCode2Wav:
 class Run:
     """A ``LocalPipeline`` over fresh fakes that records every emit it routes."""
 
-    def __init__(self, mode="async_chunk", initial=2, size=3):
+    def __init__(self, mode="async_chunk", initial=2, size=3, **pipeline):
         self.pipeline_cfg = PipelineConfig(mode=mode, initial_chunk_frames=initial,
-                                           chunk_frames=size)
+                                           chunk_frames=size, **pipeline)
         self.thinker, self.talker, self.code2wav = FakeThinker(), FakeTalker(), FakeCode2Wav()
         self.logics = [ThinkerLogic(self.thinker, self.pipeline_cfg),
                        TalkerLogic(self.talker, self.pipeline_cfg, GROUPS),
@@ -281,7 +281,7 @@ def test_sync_sends_one_chunk_per_edge_at_the_end():
 
 
 def test_async_streams_each_edge_and_equals_sync():
-    sync, stream = Run("sync"), Run("async_chunk")
+    sync, stream = Run("sync"), Run("async_chunk", text_chunk_ms=0)
     reqs = [req("a", 1, tokens=8), req("b", 2, tokens=3, frames=4)]
     out_sync, out_async = sync.local.run(reqs), stream.local.run(reqs)
     for s, a in zip(out_sync, out_async):
@@ -295,6 +295,15 @@ def test_async_streams_each_edge_and_equals_sync():
     order = [(stage, e.request_id, type(e.item).__name__, e.final) for stage, e in stream.emits]
     assert (order.index(("code2wav", "a", "AudioChunk", False))
             < order.index(("thinker", "a", "TextDelta", True)))
+    # text_chunk_ms (the default): the same answers from fewer text pushes (the fakes are
+    # instant: the first token at once, the rest with the last)
+    held = Run("async_chunk")
+    assert held.pipeline_cfg.text_chunk_ms > 0
+    for s, h in zip(out_sync, held.local.run(reqs)):
+        assert s.text_ids == h.text_ids and s.finish_reason == h.finish_reason
+        assert torch.equal(torch.cat(s.codes), torch.cat(h.codes))
+        assert torch.equal(torch.cat(s.audio), torch.cat(h.audio))
+    assert [len(c.token_ids) for c in held.items("a", ThinkerChunk)] == [1, 7]
     # "b" ends at max_audio_frames while its text goes on: late text is dropped
     b = out_async[1]
     assert torch.cat(b.codes).shape[0] == 4 and b.text_ids == expected_text(2, 3)

@@ -165,22 +165,26 @@ class TalkerInputs:
         return embeds, assistant.shape[1]
 
     def user_part(self, seq: TalkerSeq) -> torch.Tensor | None:
+        """[1, U, D]: the user turns' rows, as transformers builds them: one projection of all
+        their text ids, one of all their multimodal hidden states (not one forward per
+        position: a 2,000-token prompt would cost 2,000 small forwards on the talker's loop)."""
         ids = seq.prompt_ids
         user_pos = user_positions(ids, self.cfg)
         if not user_pos:
             return None
-        rows = []
-        mm_iter = 0
-        for p in user_pos:
-            if ids[p] in self.mm_token_ids:
-                if seq.mm_hidden is None or mm_iter >= seq.mm_hidden.shape[0]:
-                    raise ValueError(f"{seq.request_id}: multimodal prompt without hidden states")
-                rows.append(self.model.hidden_projection(
-                    seq.mm_hidden[mm_iter:mm_iter + 1].to(self.device)))
-                mm_iter += 1
-            else:
-                rows.append(self.project_text([ids[p]])[0])
-        return torch.cat(rows, dim=0).unsqueeze(0)
+        is_mm = torch.tensor([ids[p] in self.mm_token_ids for p in user_pos])
+        n_mm = int(is_mm.sum())
+        if n_mm and (seq.mm_hidden is None or n_mm > seq.mm_hidden.shape[0]):
+            raise ValueError(f"{seq.request_id}: multimodal prompt without hidden states")
+        out = torch.empty((len(user_pos), self.tts_pad.shape[-1]), dtype=self.tts_pad.dtype,
+                          device=self.device)
+        is_mm = is_mm.to(self.device)
+        if n_mm:
+            out[is_mm] = self.model.hidden_projection(seq.mm_hidden[:n_mm].to(self.device))
+        if n_mm < len(user_pos):
+            text = [ids[p] for p in user_pos if ids[p] not in self.mm_token_ids]
+            out[~is_mm] = self.project_text(text)[0]
+        return out.unsqueeze(0)
 
     def assistant_part(self, seq: TalkerSeq) -> torch.Tensor:
         tc = self.cfg.talker_config

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -134,7 +135,12 @@ class VllmTalkerRunner(TalkerRequests):
                                f"({e}); see omni_ray/runners/vllm/talker.py") from e
         if not isinstance(scheduler, TalkerScheduler) or not hasattr(model, "omni_bridge"):
             raise RuntimeError("vLLM did not use omni_ray's talker model / scheduler")
-        self._bridge = _Bridge(self.inputs, model_runner, batch)
+        # Seconds per part of the step loop (the engine's stats; benchmarks diff them):
+        # admit = prefill inputs + add_request; engine = vLLM's step (it includes the bridge's
+        # code_predictor, text and logits hooks, counted there too); rest = after the step.
+        self.time_spent = dict(admit_s=0.0, engine_s=0.0, code_predictor_s=0.0, text_s=0.0,
+                               logits_s=0.0, rest_s=0.0, prefills=0, frames=0)
+        self._bridge = _Bridge(self.inputs, model_runner, batch, self.time_spent)
         model.omni_bridge = self._bridge
         scheduler.omni_ready = self._bridge.ready
         self._positions_hook(model_runner)
@@ -155,11 +161,17 @@ class VllmTalkerRunner(TalkerRequests):
     # -- the step ------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[TalkerStepOutput]:
+        spent, t0 = self.time_spent, time.perf_counter()
         outputs = self._admit()
+        t1 = time.perf_counter()
+        spent["admit_s"] += t1 - t0
         if not self._internal:
             return outputs
         finished: dict[str, FinishReason] = {}
-        for out in self.engine.step():
+        step_outputs = self.engine.step()
+        t0 = time.perf_counter()
+        spent["engine_s"] += t0 - t1
+        for out in step_outputs:
             seq = self._seqs.get(out.request_id)
             if seq is None:  # aborted meanwhile
                 continue
@@ -183,6 +195,7 @@ class VllmTalkerRunner(TalkerRequests):
             if reason != FinishReason.NONE:
                 self._forget(rid)
             outputs.append(TalkerStepOutput(rid, frames, reason != FinishReason.NONE, reason))
+        spent["rest_s"] += time.perf_counter() - t0
         return outputs
 
     def _admit(self) -> list[TalkerStepOutput]:
@@ -210,6 +223,7 @@ class VllmTalkerRunner(TalkerRequests):
                     FinishReason.ERROR, f"{type(e).__name__}: {e}"))
                 continue
             seq.prefilled = True
+            self.time_spent["prefills"] += 1
             self._internal[rid] = internal
             self._bridge.seqs[internal] = seq
             if rope is not None:  # vLLM's runner takes them when the request joins a batch
@@ -252,8 +266,10 @@ class VllmTalkerRunner(TalkerRequests):
 class _Bridge:
     """Per-step inputs for vLLM's talker model; its hooks run inside ``engine.step()``."""
 
-    def __init__(self, inputs: TalkerInputs, model_runner, batch_code_predictor: bool):
+    def __init__(self, inputs: TalkerInputs, model_runner, batch_code_predictor: bool,
+                 time_spent: dict):
         self.inputs = inputs
+        self.spent = time_spent
         self.runner = model_runner
         self.batch_code_predictor = batch_code_predictor
         self.seqs: dict[str, TalkerSeq] = {}      # vLLM's request id -> state
@@ -307,6 +323,7 @@ class _Bridge:
             else:
                 live.append(seq)
         residual = {}
+        t0 = time.perf_counter()
         if self.batch_code_predictor and live:
             try:
                 residual = self.inputs.residual_codes_batch(live)
@@ -321,6 +338,9 @@ class _Bridge:
                 self.errors[seq.request_id] = f"{type(e).__name__}: {e}"
                 continue
             ok.append((seq, got))
+        t1 = time.perf_counter()
+        self.spent["code_predictor_s"] += t1 - t0
+        self.spent["frames"] += len(ok)
         if ok:
             text = self.inputs.trailing_batch([seq for seq, _ in ok])  # [n, 1, D]
             for i, (seq, (frame, codec_embed)) in enumerate(ok):
@@ -333,10 +353,18 @@ class _Bridge:
             e = embeds.get(self.seqs[internal].request_id)
             if e is not None:
                 out[r] = e.reshape(-1).to(out.dtype)
+        self.spent["text_s"] += time.perf_counter() - t1
         return out
 
     def on_logits(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Keep each request's last hidden state; suppress non-codec ids; repetition penalty."""
+        t0 = time.perf_counter()
+        try:
+            return self._on_logits(hidden, logits)
+        finally:
+            self.spent["logits_s"] += time.perf_counter() - t0
+
+    def _on_logits(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         if self._suppress is None or self._suppress.device != logits.device:
             self._suppress = self.inputs.suppress.to(logits.device)
         logits[:, self._suppress] = float("-inf")

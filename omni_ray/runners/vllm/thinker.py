@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -140,6 +141,7 @@ class VllmThinkerRunner:
         self._prompt_lens: dict[str, int] = {}  # running request id -> prompt length
         self._first: dict[str, int] = {}  # prefilled elsewhere: the token to emit first
         self._done_early: list[ThinkerStepOutput] = []  # prefilled requests that end at once
+        self.time_spent = dict(engine_s=0.0)  # in vLLM's step (the engine's stats)
         self._mm: dict[str, tuple[list[int], MultiModalInputs]] = {}  # until the first output
         th = config["thinker_config"]
         self._mm_ids = {th["audio_token_id"], th["image_token_id"], th["video_token_id"]}
@@ -313,7 +315,10 @@ class VllmThinkerRunner:
         for o in outputs:
             del self._prompt_lens[o.request_id]
         # 1) One engine iteration; DELTA outputs carry only this step's new tokens.
-        for out in self.engine.step():
+        t0 = time.perf_counter()
+        step_outputs = self.engine.step()
+        self.time_spent["engine_s"] += time.perf_counter() - t0
+        for out in step_outputs:
             num_prompt = self._prompt_lens.get(out.request_id)
             if num_prompt is None:  # aborted meanwhile
                 continue
