@@ -322,7 +322,8 @@ def profile_line(profile: dict) -> str:
     requests per step, ms per step, busy share, and the runner's parts in ms per step."""
     parts = []
     for stage, r in profile.items():
-        runner = " ".join(f"{k[:-2]}={v:.1f}" for k, v in (r.get("runner_ms_per_step") or {}).items())
+        runner = " ".join(f"{k[:-2]}={v:.1f}"
+                          for k, v in (r.get("runner_ms_per_step") or {}).items())
         parts.append(f"{stage}: {r['steps_per_s']:.0f} steps/s x{_f(r['requests_per_step'], 1)} "
                      f"{_f(r['ms_per_step'], 1)} ms/step busy {r['share']['step']:.0%} "
                      f"cmds {r['share']['commands']:.0%}" + (f" [{runner}]" if runner else ""))

@@ -2,8 +2,8 @@
 (``GET /debug/stats``: ``loop_time`` and the runner's ``time_spent``; omni_ray/stages/engine.py).
 
 ``diff(before, after, wall_s)`` per stage: steps, requests per step, the loop's share of the
-wall (stepping / applying commands and chunks / idle), ms per step, and the runner's parts in ms
-per step (the talker's also per frame). Needs ``security.enable_debug_endpoints: true``;
+wall (stepping / applying commands and chunks / the rest, idle), ms per step, and the runner's
+parts in ms per step (the talker's also per frame). Needs ``security.enable_debug_endpoints: true``;
 without it ``fetch`` returns None.
 """
 
@@ -35,7 +35,7 @@ def diff(before: dict | None, after: dict | None, wall_s: float) -> dict | None:
         row = dict(steps=steps, steps_per_s=steps / wall_s,
                    requests_per_step=lt["rows"] / steps if steps else None,
                    share=dict(step=lt["step_s"] / wall_s, commands=lt["commands_s"] / wall_s,
-                              idle=lt["idle_s"] / wall_s),
+                              idle=max(0.0, 1 - (lt["step_s"] + lt["commands_s"]) / wall_s)),
                    ms_per_step=1e3 * lt["step_s"] / steps if steps else None,
                    chunks_in=a.get("chunks_in", 0) - b.get("chunks_in", 0))
         per = {k: 1e3 * v / steps for k, v in rt.items() if k.endswith("_s") and steps}
@@ -54,7 +54,8 @@ def table(profile: dict) -> str:
     lines = ["| stage | steps/s | requests/step | ms/step | busy (step / commands) | "
              "runner parts, ms/step |", "|---|---|---|---|---|---|"]
     for stage, r in profile.items():
-        parts = ", ".join(f"{k[:-2]} {v:.1f}" for k, v in (r.get("runner_ms_per_step") or {}).items())
+        parts = ", ".join(f"{k[:-2]} {v:.1f}"
+                          for k, v in (r.get("runner_ms_per_step") or {}).items())
         lines.append(f"| {stage} | {r['steps_per_s']:.1f} | {_f(r['requests_per_step'])} | "
                      f"{_f(r['ms_per_step'])} | {r['share']['step']:.0%} / "
                      f"{r['share']['commands']:.0%} | {parts} |")

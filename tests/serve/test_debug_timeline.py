@@ -64,3 +64,28 @@ def test_timeline_of_several_requests_in_order(serve_urls):
     assert all("talker" not in r for r in got)  # text only: no talker, no code2wav
     r = httpx.get(f"{url}/debug/timeline", params={"limit": 0}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"], r.text
+
+
+def test_step_profile_accounts_for_one_request(serve_urls):
+    """``/debug/stats``' loop clocks, diffed around one spoken answer (benchmarks/step_profile.py):
+    every stage stepped, stepping and commands take at most the wall, and the talker stepped once
+    per frame it made (one request alone: one row per step)."""
+    from benchmarks import step_profile
+
+    url = serve_urls["async_chunk"]
+    before = step_profile.fetch(url)
+    t0 = time.perf_counter()
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=180, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 8, "modalities": ["text", "audio"],
+        "audio": {"voice": "ethan", "format": "wav"}, "max_audio_frames": 12})
+    wall = time.perf_counter() - t0
+    assert r.status_code == 200, r.text
+    prof = step_profile.diff(before, step_profile.fetch(url), wall)
+    assert set(prof) == {"thinker", "talker", "code2wav"}
+    for stage, row in prof.items():
+        assert row["steps"] > 0 and row["ms_per_step"] > 0, (stage, row)
+        assert 0 < row["share"]["step"] + row["share"]["commands"] <= 1.05, (stage, row)
+    assert prof["thinker"]["steps"] >= r.json()["usage"]["completion_tokens_details"]["text_tokens"]
+    assert prof["talker"]["requests_per_step"] == 1.0
+    assert "|" in step_profile.table(prof)

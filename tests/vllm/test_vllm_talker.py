@@ -100,8 +100,13 @@ def test_mixed_pipeline_equals_transformers(hf_omni, mixed_omni, mode):
 def test_runner_frames_equal_transformers_talker(talker, hf_talker, thinker_out):
     """All requests at once, all text known: frames and finish reasons == TalkerRunner's."""
     ref, ref_done = _drive(hf_talker, thinker_out)
+    before = dict(talker.time_spent)
     got, done = _drive(talker, thinker_out)
     assert done == ref_done
+    spent = {k: v - before[k] for k, v in talker.time_spent.items()}  # the step profile's clocks
+    assert spent["frames"] == sum(f.shape[0] for f in got.values())
+    assert spent["prefills"] == len(got)
+    assert spent["engine_s"] >= spent["code_predictor_s"] + spent["text_s"] + spent["logits_s"] > 0
     for rid in ref:
         assert torch.equal(got[rid], ref[rid]), rid
     assert any(r == FinishReason.LENGTH for r, _ in done.values())

@@ -349,10 +349,11 @@ class _Bridge:
                 self.frames[seq.request_id] = frame
         like = embed_codes(input_ids[:1])
         out = torch.zeros((len(rows), like.shape[-1]), dtype=like.dtype, device=like.device)
-        for r, (_, internal) in enumerate(rows):
-            e = embeds.get(self.seqs[internal].request_id)
-            if e is not None:
-                out[r] = e.reshape(-1).to(out.dtype)
+        have = [(r, embeds[rid]) for r, (_, internal) in enumerate(rows)
+                if (rid := self.seqs[internal].request_id) in embeds]
+        if have:  # one copy for the batch, not one per row
+            idx = torch.tensor([r for r, _ in have], device=out.device)
+            out[idx] = torch.cat([e.reshape(1, -1) for _, e in have]).to(out.dtype)
         self.spent["text_s"] += time.perf_counter() - t1
         return out
 
