@@ -407,7 +407,7 @@ def standin_variant(chk: Check, base_cfg: dict, name: str, overrides: dict,
                     base: list[dict]) -> None:
     """An A/B in the same run: the stand-in app restarted with ``overrides``, the same bench
     (``gpu_serve_<name>.json``), and one line per level comparing it with the base."""
-    if chk.left_s() < 400:  # a warm restart (~250 s on the H200) and the bench (~100 s)
+    if chk.left_s() < 320:  # a warm restart (~190 s on the H200) and the bench (~100 s)
         chk.line("SKIP", f"standin A/B {name}", f"{chk.left_s():.0f}s left")
         return
     port = free_port()
