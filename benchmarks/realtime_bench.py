@@ -159,6 +159,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--packet-ms", type=int, default=40)
     ap.add_argument("--silence-ms", type=int, default=500, help="server_vad silence_duration_ms")
     ap.add_argument("--max-output-tokens", type=int, default=16)
+    ap.add_argument("--max-audio-frames", type=int, default=50, help="with --start: the app's "
+                    "limits.default_max_audio_frames (80 ms frames an answer may speak)")
     ap.add_argument("--stagger-s", type=float, default=1.0, help="sockets start within this")
     ap.add_argument("--timeout-s", type=float, default=300.0)
     ap.add_argument("--out", default="realtime_cpu", help="results/<out>.json")
@@ -189,8 +191,18 @@ def main(argv=None) -> int:
     if args.start:
         from benchmarks.launch import LocalServe, tiny_model_dir
 
+        from ray import serve
+
+        from benchmarks.launch import app_args
+        from omni_ray import build_omni_app
+
         with LocalServe() as ls:
-            bench(ls.deploy(args.start, tiny_model_dir()))
+            # A realtime answer has no per-request frame bound: the app's default is set here,
+            # as the chat benchmarks' --max-audio-frames.
+            app = app_args(args.start, tiny_model_dir())
+            app["limits"] = {"default_max_audio_frames": args.max_audio_frames}
+            serve.run(build_omni_app(app), name=args.start, route_prefix=f"/{args.start}")
+            bench(f"http://127.0.0.1:{ls.port}/{args.start}")
     elif args.serve_config:
         from benchmarks.serve_proc import ServeRun
 

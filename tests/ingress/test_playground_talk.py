@@ -119,7 +119,8 @@ def test_hands_free_turns_and_interruption(base_url, question_wav):
             ev = t["events"]
             assert ev.count("input_audio_buffer.speech_started") >= 2
             assert ev.index("input_audio_buffer.speech_stopped") < ev.index("response.created")
-            page.screenshot(path=str(os.path.join(os.path.dirname(__file__), "artifacts",
-                                                  "playground_talk.png")))
+            artifacts = os.path.join(os.path.dirname(__file__), "artifacts")
+            os.makedirs(artifacts, exist_ok=True)
+            page.screenshot(path=os.path.join(artifacts, "playground_talk.png"))
         finally:
             browser.close()

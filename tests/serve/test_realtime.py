@@ -283,6 +283,8 @@ def test_barge_in_cancels_every_stage_and_the_conversation_goes_on(url, ws_url, 
         trunc = sock.until("conversation.item.truncated")
         _, sent = answer_of([e for _, e in sock.events], first)
         assert trunc["audio_end_ms"] == len(sent) // 2 // 24
+        assert done["response"]["usage"]["output_token_details"]["audio_tokens"] == \
+            -(-len(sent) // 2 // 1920)
         assert took < 5, took
         # nothing left running while the user still speaks
         poll(lambda: not busy_stages(debug(url, "/debug/stats")), 5, "stages clean")

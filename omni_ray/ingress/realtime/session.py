@@ -31,6 +31,7 @@ logger = logging.getLogger("ray.serve")
 
 MS = RATE // 1000                 # samples per millisecond (24)
 MIN_COMMIT_MS = 100               # OpenAI's smallest committable buffer
+AUDIO_TOKEN_SAMPLES = 1920        # one audio token = one 80 ms codec frame (as the chat usage)
 
 
 class Backend(Protocol):
@@ -409,6 +410,9 @@ class RealtimeSession:
             logger.warning("realtime response %s failed: %s", r.id, e)
             r.status, error = ResponseStatus.FAILED, {"type": "server_error", "code": None,
                                                       "message": str(e)[:300]}
+        if usage is None and r.samples_sent:  # cut short: the audio sent, in audio tokens
+            frames = -(-r.samples_sent // AUDIO_TOKEN_SAMPLES)
+            usage = {"output_tokens": frames, "output_token_details": {"audio_tokens": frames}}
         self._add(_answer_item(r))
         try:
             await self._finish(r, usage, error)
