@@ -13,11 +13,9 @@ import asyncio
 import base64
 import contextlib
 import enum
-import io
 import logging
-import wave
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from pydantic import ValidationError
@@ -25,6 +23,7 @@ from pydantic import ValidationError
 from omni_ray.config.defaults import REALTIME_SAMPLE_RATE as RATE
 from omni_ray.config.serving import RealtimeConfig
 from omni_ray.ingress.realtime import protocol as P
+from omni_ray.ingress.realtime.conversation import ConvItem, InputBuffer, merge, wav
 from omni_ray.ingress.realtime.vad import TurnDetector
 
 logger = logging.getLogger("ray.serve")
@@ -56,15 +55,6 @@ class ResponseStatus(enum.Enum):
 
 
 @dataclass
-class ConvItem:
-    id: str
-    role: str                      # user | assistant | system
-    text: str = ""                 # text, or the transcript of an assistant's spoken answer
-    pcm: bytes | None = None       # user audio: pcm16 mono 24 kHz
-    audio_ms: int = 0              # assistant: the spoken answer's audio sent (truncate's bound)
-
-
-@dataclass
 class Response:
     id: str
     item_id: str
@@ -81,32 +71,6 @@ class Response:
     def audio_ms(self) -> int:
         """Audio sent so far, in ms (what a client trims its playback to)."""
         return self.samples_sent // MS
-
-
-@dataclass
-class InputBuffer:
-    """Appended audio not committed yet; ``start`` is its first sample's index in all the audio
-    the socket appended (OpenAI's ms are counted from there)."""
-
-    pcm: bytearray = field(default_factory=bytearray)
-    start: int = 0
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.pcm) // 2
-
-    def take(self, a: int, b: int) -> bytes:
-        """Samples [a, b) (absolute indices), leaving those after ``b`` in the buffer."""
-        a, b = max(a, self.start), min(b, self.end)
-        out = bytes(self.pcm[(a - self.start) * 2:(b - self.start) * 2])
-        del self.pcm[:(b - self.start) * 2]
-        self.start = b
-        return out
-
-    def drop_before(self, a: int) -> None:
-        if a > self.start:
-            del self.pcm[:(a - self.start) * 2]
-            self.start = a
 
 
 class RealtimeSession:
@@ -127,6 +91,16 @@ class RealtimeSession:
         self.response: Response | None = None
         self.closed = False
         self._vad_from(self.session)
+        self._handlers = {
+            P.SessionUpdate: self._on_session_update,
+            P.BufferAppend: self._on_input_audio_buffer_append,
+            P.BufferCommit: self._on_input_audio_buffer_commit,
+            P.BufferClear: self._on_input_audio_buffer_clear,
+            P.ItemCreate: self._on_conversation_item_create,
+            P.ItemTruncate: self._on_conversation_item_truncate,
+            P.ResponseCreate: self._on_response_create,
+            P.ResponseCancel: self._on_response_cancel,
+        }
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -147,13 +121,13 @@ class RealtimeSession:
         """One client message; a refused one is answered with an ``error`` event."""
         try:
             event = P.parse_client_event(raw)
-            await getattr(self, "_on_" + event.type.replace(".", "_"))(event)
+            await self._handlers[type(event)](event)
         except P.ProtocolError as e:
             await self.send(self.ev.error(e))
 
     # -- client events -----------------------------------------------------------------------
     async def _on_session_update(self, e: P.SessionUpdate) -> None:
-        merged = _merge(self.session.model_dump(), P.beta_session(e.session))
+        merged = merge(self.session.model_dump(), P.beta_session(e.session))
         try:
             new = P.Session.model_validate(merged)
         except ValidationError as err:
@@ -268,7 +242,7 @@ class RealtimeSession:
         over = e.response or {}
         s = self.session
         try:
-            merged = P.Session.model_validate(_merge(s.model_dump(), P.beta_session(
+            merged = P.Session.model_validate(merge(s.model_dump(), P.beta_session(
                 {k: v for k, v in over.items() if k in ("instructions", "output_modalities",
                                                         "modalities", "audio", "voice",
                                                         "max_output_tokens",
@@ -460,23 +434,3 @@ class RealtimeSession:
 
 def _answer_item(r: Response) -> ConvItem:
     return ConvItem(id=r.item_id, role="assistant", text=r.text, audio_ms=r.audio_ms)
-
-
-def _merge(base: dict, over: dict) -> dict:
-    """``over`` merged into ``base`` (nested dicts merged, anything else replaced; an explicit
-    null replaces too: ``turn_detection: null`` turns detection off)."""
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def wav(pcm16: bytes, rate: int = RATE) -> bytes:
-    """pcm16 mono as a WAV file (the chat API's ``input_audio`` format)."""
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm16)
-    return buf.getvalue()
