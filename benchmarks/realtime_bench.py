@@ -11,12 +11,14 @@ Against the tiny checkpoint on CPU (starts its own Ray and Serve)::
 
     python -m benchmarks.realtime_bench --start tiny-async --concurrency 1,8,32
 
-Against a running app, e.g. the GPU stand-in (``serve run serve_configs/qwen3_omni_1gpu.yaml``
-with the stand-in's ``model``), or started from a Serve config here::
+On a GPU machine, the one-GPU yaml on a real-size stand-in (made here, random weights)::
 
-    python -m benchmarks.realtime_bench --url http://127.0.0.1:8000 --out realtime_gpu
-    python -m benchmarks.realtime_bench --serve-config serve_configs/qwen3_omni_1gpu.yaml \\
-        --out realtime_gpu
+    python -m benchmarks.realtime_bench --standin --out realtime_gpu
+
+Against a running app, or one started here from a Serve config::
+
+    python -m benchmarks.realtime_bench --url http://127.0.0.1:8000 --out realtime_x
+    python -m benchmarks.realtime_bench --serve-config my.yaml --url http://127.0.0.1:8000
 
 Writes ``benchmarks/results/<out>.json`` and prints one line per concurrency.
 """
@@ -145,6 +147,29 @@ async def run_level(ws_url: str, model: str, key: str | None, n: int, questions,
             "statuses": sorted({str(r["status"]) for r in recs})}
 
 
+def bench_standin(args, bench) -> None:
+    """The one-GPU yaml on a real-size stand-in (random weights, made here in seconds), started
+    with ``serve run`` as benchmarks/gpu_check.py does; ``bench(url)`` against it."""
+    import tempfile
+
+    import yaml
+
+    from benchmarks.gpu_check import BASE_CONFIG, make_checkpoint, with_overrides, write_config
+    from benchmarks.serve_proc import ServeRun
+
+    tmp = Path(tempfile.mkdtemp(prefix="realtime-standin-"))
+    model, _ = make_checkpoint("dummy", tmp / "standin", args.standin_shape)
+    cfg = with_overrides(yaml.safe_load(BASE_CONFIG.read_text()), {
+        "model": model, "allow_dummy_weights": True,
+        "limits.default_max_audio_frames": args.max_audio_frames})
+    port = cfg.get("http_options", {}).get("port", 8000)
+    url = f"http://127.0.0.1:{port}"
+    with ServeRun(write_config(cfg, tmp / "standin.yaml"),
+                  RESULTS_DIR / f"{args.out}_serve_log.txt") as run:
+        run.wait_healthy(url, 1800)
+        bench(url)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8000")
@@ -152,6 +177,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "locally (tiny-async); overrides --url")
     ap.add_argument("--serve-config", default="", help="a Serve yaml to `serve run` here (e.g. "
                     "the one-GPU stand-in); then --url is where it listens")
+    ap.add_argument("--standin", action="store_true", help="on a GPU machine: serve "
+                    "serve_configs/qwen3_omni_1gpu.yaml on a real-size stand-in and measure it "
+                    "(use with --out realtime_gpu)")
+    ap.add_argument("--standin-shape", default="qwen3-omni-30b-a3b")
     ap.add_argument("--model-id", default="qwen3-omni")
     ap.add_argument("--api-key-env", default="", help="env var holding the API key, if any")
     ap.add_argument("--concurrency", default="1,8,32")
@@ -203,6 +232,8 @@ def main(argv=None) -> int:
             app["limits"] = {"default_max_audio_frames": args.max_audio_frames}
             serve.run(build_omni_app(app), name=args.start, route_prefix=f"/{args.start}")
             bench(f"http://127.0.0.1:{ls.port}/{args.start}")
+    elif args.standin:
+        bench_standin(args, bench)
     elif args.serve_config:
         from benchmarks.serve_proc import ServeRun
 
