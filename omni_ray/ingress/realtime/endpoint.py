@@ -128,7 +128,8 @@ class RealtimeEndpoint:
                 type="rate_limit_error"), TRY_AGAIN_LATER)
         if limited:
             guard.acquire(key)
-        session = RealtimeSession(IngressBackend(ing), send, ing.args.realtime)
+        beta = "realtime=v1" in ws.headers.get("openai-beta", "")
+        session = RealtimeSession(IngressBackend(ing), send, ing.args.realtime, beta=beta)
         self.sessions.add(session)
         try:
             await session.start()

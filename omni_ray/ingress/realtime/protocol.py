@@ -247,6 +247,27 @@ class ServerEvents:
                                     "param": e.param, "event_id": e.event_id})
 
 
+# GA name -> the beta protocol's (None: no beta event); beta clients send the same client events.
+BETA_NAMES = {
+    "response.output_audio.delta": "response.audio.delta",
+    "response.output_audio.done": "response.audio.done",
+    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
+    "response.output_audio_transcript.done": "response.audio_transcript.done",
+    "response.output_text.delta": "response.text.delta",
+    "response.output_text.done": "response.text.done",
+    "conversation.item.added": "conversation.item.created",
+    "conversation.item.done": None,
+}
+
+
+def beta_event(event: dict) -> dict | None:
+    """``event`` under its beta name (or None when the beta protocol has no such event)."""
+    if event["type"] not in BETA_NAMES:
+        return event
+    name = BETA_NAMES[event["type"]]
+    return None if name is None else {**event, "type": name}
+
+
 def user_item(item_id: str, parts: list[dict]) -> dict:
     return {"id": item_id, "type": "message", "object": "realtime.item", "status": "completed",
             "role": "user", "content": parts}

@@ -75,8 +75,10 @@ class Response:
 
 class RealtimeSession:
     def __init__(self, backend: Backend, send: Callable[[dict], Awaitable[None]],
-                 cfg: RealtimeConfig):
-        self.backend, self._send, self.cfg = backend, send, cfg
+                 cfg: RealtimeConfig, beta: bool = False):
+        """``beta``: the client asked for the beta protocol (``OpenAI-Beta: realtime=v1``):
+        server events go out under their beta names (protocol.BETA_NAMES)."""
+        self.backend, self._send, self.cfg, self.beta = backend, send, cfg, beta
         self.ev = P.ServerEvents()
         vad = P.ServerVad(type="server_vad", threshold=cfg.vad_threshold,
                           prefix_padding_ms=cfg.prefix_padding_ms,
@@ -114,8 +116,13 @@ class RealtimeSession:
         self.buffer = InputBuffer()
 
     async def send(self, event: dict) -> None:
-        if not self.closed:
-            await self._send(event)
+        if self.closed:
+            return
+        if self.beta:
+            event = P.beta_event(event)
+            if event is None:
+                return
+        await self._send(event)
 
     async def handle(self, raw: str | bytes) -> None:
         """One client message; a refused one is answered with an ``error`` event."""
@@ -302,7 +309,8 @@ class RealtimeSession:
     def _vad_from(self, s: P.Session) -> None:
         vad = s.audio.input.turn_detection
         self.detector = None if vad is None else TurnDetector(
-            vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms)
+            vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms,
+            origin_ms=-(-self.buffer.end // MS))
         self.turn = None
 
     # -- responses ---------------------------------------------------------------------------

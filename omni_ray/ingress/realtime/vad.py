@@ -42,8 +42,12 @@ def aggressiveness(threshold: float) -> int:
 
 
 class TurnDetector:
-    def __init__(self, threshold: float, prefix_padding_ms: int, silence_duration_ms: int):
+    def __init__(self, threshold: float, prefix_padding_ms: int, silence_duration_ms: int,
+                 origin_ms: int = 0):
+        """``origin_ms``: where the first audio pushed lies in the socket's audio (a detector
+        made by a ``session.update`` mid-socket starts there)."""
         self.vad = webrtcvad.Vad(aggressiveness(threshold))
+        self.origin_ms = origin_ms
         self.prefix_padding_ms = prefix_padding_ms
         self.silence_frames = max(1, -(-silence_duration_ms // FRAME_MS))
         self.state = TurnState.SILENCE
@@ -72,13 +76,13 @@ class TurnDetector:
             self._run = self._run + 1 if voiced else 0
             if self._run >= START_FRAMES:
                 self.state, self._run = TurnState.SPEECH, 0
-                first_ms = (self._frames - START_FRAMES) * FRAME_MS
+                first_ms = self.origin_ms + (self._frames - START_FRAMES) * FRAME_MS
                 return TurnEvent("started", max(floor_ms, first_ms - self.prefix_padding_ms))
             return None
         self._run = 0 if voiced else self._run + 1
         if self._run >= self.silence_frames:
             self.state, self._run = TurnState.SILENCE, 0
-            return TurnEvent("stopped", self._frames * FRAME_MS)
+            return TurnEvent("stopped", self.origin_ms + self._frames * FRAME_MS)
         return None
 
     def reset(self) -> None:

@@ -144,3 +144,51 @@ def test_beta_session_fields_map_to_ga():
         assert sent[-1]["error"]["param"] == "session.audio.output.voice"
         await s.close()
     asyncio.run(main())
+
+
+def test_beta_clients_get_beta_event_names():
+    """With ``OpenAI-Beta: realtime=v1`` the deltas go out as ``response.audio.delta`` etc."""
+    async def main():
+        sent: list[dict] = []
+
+        async def send(ev):
+            sent.append(ev)
+
+        backend = EndlessBackend()
+        s = RealtimeSession(backend, send, RealtimeConfig(), beta=True)
+        await s.start()
+        await s.handle(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text",
+                                                             "text": "Hi"}]}}))
+        await s.handle(json.dumps({"type": "response.create"}))
+        await asyncio.sleep(0.1)
+        await s.handle(json.dumps({"type": "response.cancel"}))
+        types = {e["type"] for e in sent}
+        assert {"response.audio.delta", "response.audio_transcript.delta",
+                "conversation.item.created", "response.done"} <= types, types
+        assert not {"response.output_audio.delta", "conversation.item.added",
+                    "conversation.item.done"} & types
+        assert next(e for e in sent if e["type"] == "response.done")["response"][
+            "status"] == "cancelled"
+        await s.close()
+        assert backend.open == 0
+    asyncio.run(main())
+
+
+def test_a_detector_made_mid_socket_counts_from_the_socket_start(speech):
+    """Turn detection switched on after 2 s of audio names ms from the socket's first sample."""
+    async def main():
+        s, sent = await _session(EndlessBackend())
+        await s.handle(json.dumps({"type": "session.update", "session": {"type": "realtime",
+                       "audio": {"input": {"turn_detection": None}}}}))
+        silence = np.zeros(2 * RATE, "<i2").tobytes()
+        await s.handle(json.dumps({"type": "input_audio_buffer.append",
+                                   "audio": base64.b64encode(silence).decode()}))
+        await s.handle(json.dumps({"type": "session.update", "session": {"type": "realtime",
+                       "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}}))
+        await s.handle(json.dumps({"type": "input_audio_buffer.append",
+                                   "audio": base64.b64encode(speech.tobytes()).decode()}))
+        started = next(e for e in sent if e["type"] == "input_audio_buffer.speech_started")
+        assert 2000 + 500 - 300 - 120 <= started["audio_start_ms"] <= 2000 + 500, started
+        await s.close()
+    asyncio.run(main())
