@@ -390,3 +390,21 @@ def test_idle_socket_is_closed(url, ws_url):
     with pytest.raises(ConnectionClosed):
         sock.recv(timeout=10)
     clean(url)
+
+
+def test_readme_example_runs(url, question, tmp_path, monkeypatch, capsys):
+    """README's Realtime example, as written (the URL and key put in), on the spoken question."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Realtime", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert 'base_url="http://127.0.0.1:8000/v1", api_key="none"' in code
+    code = code.replace('base_url="http://127.0.0.1:8000/v1", api_key="none"',
+                        f'base_url="{url}/v1", api_key="{KEY}"')
+    (tmp_path / "question.pcm").write_bytes(question.tobytes())
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    assert capsys.readouterr().out.strip()  # the transcript was printed
+    clean(url)
