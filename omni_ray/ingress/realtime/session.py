@@ -31,6 +31,8 @@ logger = logging.getLogger("ray.serve")
 MS = RATE // 1000                 # samples per millisecond (24)
 MIN_COMMIT_MS = 100               # OpenAI's smallest committable buffer
 AUDIO_TOKEN_SAMPLES = 1920        # one audio token = one 80 ms codec frame (as the chat usage)
+# The chat API's refusals of a too-long conversation (``param`` "messages"); None: max_messages.
+TRUNCATED_ON = {"context_length_exceeded", "too_many_content_parts", "too_many_media_parts", None}
 
 
 class Backend(Protocol):
@@ -318,9 +320,8 @@ class RealtimeSession:
         r = Response(id=P.new_id("resp"), item_id=P.new_id("item"),
                      modality=s.output_modalities[0], voice=s.audio.output.voice,
                      max_output_tokens=s.max_output_tokens)
-        messages = self._messages(s.instructions)
         self.response = r
-        r.task = asyncio.get_running_loop().create_task(self._run(r, messages))
+        r.task = asyncio.get_running_loop().create_task(self._run(r, s.instructions))
 
     async def cancel_response(self, reason: str) -> None:
         """Stop the response in progress (if any) and wait until its stages are cancelled and
@@ -348,7 +349,32 @@ class RealtimeSession:
                 out.append({"role": it.role, "content": it.text})
         return out
 
-    async def _run(self, r: Response, messages: list[dict]) -> None:
+    async def _answer(self, instructions: str, voice: str, modalities: list[str],
+                      max_tokens: int | None) -> AsyncIterator[dict]:
+        """The backend's answer to the conversation. A conversation grown past the request
+        limits (prompt tokens, messages, media parts) loses its oldest items until it fits, as
+        OpenAI's ``truncation: "auto"``; a single item over them is the response's error."""
+        while True:
+            answer = self.backend.respond(self._messages(instructions), voice, modalities,
+                                          max_tokens)
+            async with contextlib.aclosing(answer):
+                try:
+                    first = await anext(answer)
+                except StopAsyncIteration:
+                    return
+                except P.ProtocolError as e:
+                    if e.param != "messages" or e.code not in TRUNCATED_ON \
+                            or len(self.items) <= 1:
+                        raise
+                    logger.info("realtime: %s; dropping the oldest item", e.code or "too long")
+                    del self.items[0]
+                    continue
+                yield first
+                async for out in answer:
+                    yield out
+            return
+
+    async def _run(self, r: Response, instructions: str) -> None:
         ev, kind = self.ev, r.modality
         base = dict(response_id=r.id, item_id=r.item_id, output_index=0, content_index=0)
         usage, error = None, None
@@ -365,7 +391,7 @@ class RealtimeSession:
             await self.send(ev("response.content_part.added", part=part, **base))
             delta_type = ("response.output_audio_transcript.delta" if kind == "audio"
                           else "response.output_text.delta")
-            answer = self.backend.respond(messages, r.voice, mods, max_tokens)
+            answer = self._answer(instructions, r.voice, mods, max_tokens)
             async with contextlib.aclosing(answer):  # closed now, also when cancelled
                 async for out in answer:
                     if out["type"] == "text":

@@ -192,3 +192,30 @@ def test_a_detector_made_mid_socket_counts_from_the_socket_start(speech):
         assert 2000 + 500 - 300 - 120 <= started["audio_start_ms"] <= 2000 + 500, started
         await s.close()
     asyncio.run(main())
+
+
+class ShortContextBackend(EndlessBackend):
+    """Refuses conversations of more than two messages as the chat API does (400 on messages)."""
+
+    async def respond(self, messages, voice, modalities, max_tokens):
+        if len(messages) > 2:
+            raise P.ProtocolError("messages: prompt over limits.max_prompt_tokens", "messages",
+                                  "context_length_exceeded")
+        yield {"type": "text", "delta": f"{len(messages)} "}
+        yield {"type": "done", "finish_reason": "stop", "usage": None}
+
+
+def test_a_conversation_past_the_limits_drops_its_oldest_items():
+    async def main():
+        s, sent = await _session(ShortContextBackend())
+        for text in ("one", "two", "three"):
+            await s.handle(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text",
+                                                                 "text": text}]}}))
+        await s.handle(json.dumps({"type": "response.create"}))
+        await s.response.task
+        done = [e for e in sent if e["type"] == "response.done"][-1]["response"]
+        assert done["status"] == "completed", done
+        assert [i.text for i in s.items] == ["two", "three", "2 "]
+        await s.close()
+    asyncio.run(main())
