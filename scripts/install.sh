@@ -32,4 +32,10 @@ if ! command -v faad >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faad) \
     >/dev/null 2>&1 || echo "note: faad not installed; the AAC decode test will skip" >&2
 fi
+# Debian's espeak-ng: the realtime tests and benchmark speak their question with it. Best
+# effort: those tests skip without it.
+if ! command -v espeak-ng >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng) \
+    >/dev/null 2>&1 || echo "note: espeak-ng not installed; the realtime tests will skip" >&2
+fi
 echo "$want" > "$stamp"

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from omni_ray.config import defaults as D
 from omni_ray.config.defaults import DEFAULT_MAX_AUDIO_FRAMES, DEFAULT_MAX_TOKENS, DEFAULT_SPEAKER
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.sampling import THINKER_GREEDY, TALKER_GREEDY, SamplingParams
@@ -154,6 +155,23 @@ class LimitsConfig(BaseModel):
         return self.max_prompt_tokens * self.max_prompt_chars_per_token
 
 
+class RealtimeConfig(BaseModel):
+    """``WS /v1/realtime`` (omni_ray/ingress/realtime/): a socket's limits and the turn detection
+    a session starts with (a client's ``session.update`` changes its own)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    idle_timeout_s: float = Field(D.REALTIME_IDLE_TIMEOUT_S, gt=0, description="a socket with "
+                                  "no client event for this long is closed and its state freed")
+    max_buffer_seconds: float = Field(D.REALTIME_MAX_BUFFER_S, gt=0, description="uncommitted "
+                                      "input audio; more is an error event (the audio dropped)")
+    max_items: int = Field(D.REALTIME_MAX_ITEMS, ge=2, description="conversation items kept per "
+                           "socket; older ones leave the context")
+    vad_threshold: float = Field(D.REALTIME_VAD_THRESHOLD, ge=0, le=1)
+    prefix_padding_ms: int = Field(D.REALTIME_PREFIX_PADDING_MS, ge=0)
+    silence_duration_ms: int = Field(D.REALTIME_SILENCE_DURATION_MS, ge=30)
+
+
 PLAIN_KEYS_ERROR = (
     "security.api_keys: keys in plain text are refused (Ray Serve prints a config's args, keys "
     "included, to its logs and console before the app is built; rotate any key written there). "
@@ -251,6 +269,7 @@ class OmniServingArgs(BaseModel):
     ingress_deployment_config: dict[str, Any] = Field(default_factory=dict)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
+    realtime: RealtimeConfig = Field(default_factory=RealtimeConfig)
     default_speaker: str = DEFAULT_SPEAKER
 
     @model_validator(mode="after")

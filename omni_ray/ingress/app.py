@@ -1,7 +1,7 @@
 """The OpenAI-compatible ingress deployment (FastAPI).
 
 Routes: ``POST /v1/chat/completions`` (text and/or audio out, streaming or not),
-``POST /v1/audio/transcriptions``, ``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health``,
+``WS /v1/realtime`` (OpenAI's Realtime protocol), ``POST /v1/audio/transcriptions``, ``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health``,
 ``GET /debug/stats`` (off unless enabled). Python callers use ``generate`` and ``speak``
 (streams: ``handle.options(stream=True)``) and ``transcribe`` through a ``DeploymentHandle``.
 """
@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -42,6 +42,7 @@ from omni_ray.ingress.errors import (
 )
 from omni_ray.ingress.guard import Guard, GuardMiddleware, resolve_api_keys
 from omni_ray.ingress.input_limits import check_request_cost
+from omni_ray.ingress.realtime.endpoint import RealtimeEndpoint
 from omni_ray.ingress.warmup import WarmUp
 from omni_ray.models.speakers import checkpoint_speakers, resolve_speaker
 from omni_ray.ingress.pipeline_client import (
@@ -111,6 +112,7 @@ class OmniIngress:
         self.metrics = IngressMetrics()
         self.timeline = Timeline()  # per-request milestones here; /debug/timeline joins stages'
         self.created = int(time.time())
+        self.realtime = RealtimeEndpoint(self)  # WS /v1/realtime (omni_ray/ingress/realtime/)
         # Short requests through every stage once they are ready; /health is 200 only after.
         self.warm_up = WarmUp(self)
         self.warm_up.start()
@@ -197,6 +199,19 @@ class OmniIngress:
         stream = await self._open(req, None, track)
         answer = await self._complete(req, stream, "wav", track)
         return transcribe.response(form, answer)
+
+    @app.websocket("/v1/realtime")
+    async def realtime_socket(self, websocket: WebSocket):
+        """OpenAI's Realtime protocol: speech in, speech out, server VAD, barge-in."""
+        await self.realtime.serve(websocket)
+
+    @app.get("/debug/realtime")
+    async def debug_realtime(self) -> dict:
+        """This replica's open realtime sockets, responses running and conversation items."""
+        if not self.args.security.enable_debug_endpoints:
+            raise APIError(404, "debug endpoints are off (security.enable_debug_endpoints)",
+                           type="not_found_error")
+        return self.realtime.stats()
 
     @app.get("/debug/stats")
     async def debug_stats(self) -> dict:

@@ -2,7 +2,8 @@
 
 The page speaks only the OpenAI-compatible API (``GET /v1/models``, ``GET /v1/audio/voices``,
 streaming ``POST /v1/chat/completions`` with text, recorded or uploaded audio and uploaded images
-as ``image_url`` data URLs, and ``POST /v1/audio/speech`` for "speak this text"); these helpers
+as ``image_url`` data URLs, ``POST /v1/audio/speech`` for "speak this text", and ``WS
+/v1/realtime`` for "talk": hold-to-talk or server VAD, with interruption); these helpers
 just hand out the files. Static names are looked up
 in an allow-list, so a request can never reach another file (no path traversal).
 """
@@ -21,6 +22,7 @@ PAGE = "playground.html"
 STATIC_FILES = {
     "playground.js": "text/javascript; charset=utf-8",
     "playground.css": "text/css; charset=utf-8",
+    "talk.js": "text/javascript; charset=utf-8",  # "talk" mode over WS /v1/realtime
 }
 # Same-origin scripts, styles and fetches only: no inline code, no CDN.
 _HEADERS = {
