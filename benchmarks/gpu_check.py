@@ -257,6 +257,8 @@ def phase_standin(chk: Check) -> None:
     cfg = app_config(model, dev, port, tiny=False, dummy=True, processor=has_proc)
     if a.standin_set:  # the base itself with other app args (e.g. the B of an A/B run apart)
         cfg = with_overrides(cfg, parse_variant(f"set:{a.standin_set}")[1])
+    if a.realtime:  # realtime answers have no per-request frame bound: the app's default
+        cfg = with_overrides(cfg, {"limits.default_max_audio_frames": REALTIME_FRAMES})
     sr, st = timed_start(chk, cfg, "standin", url, a.ray_stop)
     res["start"] = st
     if sr is None:
@@ -290,6 +292,8 @@ def phase_standin(chk: Check) -> None:
         base = serve_bench(chk, url, shape, st, cfg)
         if a.rates:
             poisson_bench(chk, url, shape)
+        if a.realtime:
+            realtime_bench(chk, url)
     for name, overrides in a.ab:
         standin_variant(chk, cfg, name, overrides, base)
 
@@ -315,6 +319,33 @@ def targets(levels: list[dict]) -> list[dict]:
             out.append(dict(name=f"c={c} {key} {op} {target}", value=round(v, 4), target=target,
                             met=_OPS[op](v, target)))
     return out
+
+
+REALTIME_FRAMES = 50  # benchmarks/realtime_bench.py's default bound on an answer's audio
+
+
+def realtime_bench(chk: Check, url: str) -> None:
+    """``WS /v1/realtime`` on the same app: end of speech -> first answer audio at the
+    concurrency levels (benchmarks/realtime_bench.py) -> ``realtime_<device>.json`` in --out."""
+    from benchmarks import realtime_bench as rb
+
+    if chk.left_s() < 60:
+        chk.line("SKIP", "realtime bench", f"{chk.left_s():.0f}s left")
+        return
+    conc = chk.args.concurrency or ",".join(map(str, BENCH[chk.args.device]["concurrency"]))
+    out = chk.args.out.resolve() / f"realtime_{'gpu' if chk.args.device == 'cuda' else 'cpu'}"
+    try:
+        rc = rb.main(["--url", url, "--concurrency", conc, "--out", str(out)])
+        got = json.loads(out.with_suffix(".json").read_text())
+    except Exception as e:  # noqa: BLE001 - a FAIL line, the check goes on
+        chk.line("FAIL", "realtime bench", f"{type(e).__name__}: {e}")
+        return
+    for lv in got["runs"]:
+        ok = rc == 0 and lv["answered"] == lv["turns"] and not lv["socket_errors"]
+        chk.line("PASS" if ok else "FAIL", f"realtime c={lv['concurrency']}",
+                 f"end of speech -> first audio p50 {_f(lv['latency_p50_s'])}s p90 "
+                 f"{_f(lv['latency_p90_s'])}s (vad {_f(lv['vad_delay_p50_s'])}s), "
+                 f"{lv['answered']}/{lv['turns']} turns answered")
 
 
 def profile_line(profile: dict) -> str:
@@ -563,6 +594,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rate-prompt-words", default="32,2000",
                     help="mixed prompts: words per prompt, log-uniform in LO,HI")
     ap.add_argument("--concurrency", default="", help="standin bench levels (cuda 1,8,32; cpu 1,2)")
+    ap.add_argument("--realtime", action="store_true", help="standin: also the realtime bench "
+                    "(WS /v1/realtime, benchmarks/realtime_bench.py) on the same app")
     ap.add_argument("--num-requests", type=int, default=0,
                     help="per level; 0: max(2 x concurrency, 8)")
     ap.add_argument("--no-processor", action="store_true",

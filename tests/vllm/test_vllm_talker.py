@@ -60,11 +60,11 @@ def thinker_out(hf_omni):
             for r, o in zip(reqs, outs)]
 
 
-def _drive(runner, feeds, steps_between=0):
+def _drive(runner, feeds, steps_between=0, params=GREEDY):
     """Run ``feeds`` [(rid, prompt, text, max_frames)] to the end; text arrives one token per
     ``steps_between`` steps when that is > 0 (the thinker behind the talker)."""
     for rid, prompt, text, frames in feeds:
-        runner.add_request(rid, "ethan", GREEDY, frames)
+        runner.add_request(rid, "ethan", params, frames)
         first = text[:1] if steps_between else text
         runner.push_text(rid, first, not steps_between or len(text) == 1,
                          prompt_token_ids=prompt)
@@ -110,6 +110,20 @@ def test_runner_frames_equal_transformers_talker(talker, hf_talker, thinker_out)
     for rid in ref:
         assert torch.equal(got[rid], ref[rid]), rid
     assert any(r == FinishReason.LENGTH for r, _ in done.values())
+
+
+def test_repetition_penalty_equals_transformers_talker(talker, hf_talker, thinker_out):
+    """Greedy with a repetition penalty: the vLLM talker's batched penalty (a seen-code mask per
+    request, kept on the device) picks the same frames as transformers' rule in TalkerRunner,
+    all requests in one batch; and the penalty does change them (the test can fail)."""
+    penalized = SamplingParams(repetition_penalty=1.3)
+    ref, ref_done = _drive(hf_talker, thinker_out, params=penalized)
+    got, done = _drive(talker, thinker_out, params=penalized)
+    assert done == ref_done
+    for rid in ref:
+        assert torch.equal(got[rid], ref[rid]), rid
+    plain, _ = _drive(hf_talker, thinker_out)
+    assert any(not torch.equal(plain[rid], ref[rid]) for rid in ref)
 
 
 def test_waits_for_text_and_never_decodes_without_it(talker, hf_talker, thinker_out):

@@ -63,6 +63,8 @@ class TalkerSeq:
     gen_step: int = 0                 # decode steps done (= frames produced)
     codec_ids: list[int] = field(default_factory=list)  # sampled codebook-0 tokens
     past_hidden: torch.Tensor | None = None  # backbone's last hidden state [1, 1, D]
+    seen_mask: torch.Tensor | None = None  # vLLM backend: codes seen, on the logits' device
+    seen_marked: int = 0                   # how many of codec_ids the mask holds
 
     @property
     def stream(self) -> list[int]:

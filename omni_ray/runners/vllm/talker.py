@@ -373,25 +373,40 @@ class _Bridge:
         n = batch.num_reqs
         if n == 0 or hidden.shape[0] != n:  # warm-up / profiling
             return logits
-        rows, cols, penalties = [], [], []
+        penalized: list[TalkerSeq | None] = []
+        new_rows, new_codes = [], []
         for i, internal in enumerate(batch.req_ids[:n]):
             seq = self.seqs.get(internal)
-            if seq is None:
+            if seq is not None:
+                seq.past_hidden = hidden[i:i + 1].detach().unsqueeze(0).to(self._dtype)  # [1,1,D]
+            if seq is None or seq.params.repetition_penalty == 1.0:
+                penalized.append(None)
                 continue
-            seq.past_hidden = hidden[i:i + 1].detach().unsqueeze(0).to(self._dtype)  # [1, 1, D]
-            penalty = seq.params.repetition_penalty
-            if penalty != 1.0 and seq.codec_ids:
-                seen = sorted(set(seq.codec_ids))
-                rows += [i] * len(seen)
-                cols += seen
-                penalties += [penalty] * len(seen)
-        if rows:  # transformers' rule, one gather/scatter for the whole batch
-            r = torch.tensor(rows, device=logits.device)
-            c = torch.tensor(cols, device=logits.device)
-            p = torch.tensor(penalties, device=logits.device, dtype=logits.dtype)
-            picked = logits[r, c]
-            logits[r, c] = torch.where(picked < 0, picked * p, picked / p)
-        return logits
+            if seq.seen_mask is None or seq.seen_mask.device != logits.device:
+                seq.seen_mask = torch.zeros(logits.shape[1], dtype=torch.bool,
+                                            device=logits.device)
+                seq.seen_marked = 0
+            fresh = seq.codec_ids[seq.seen_marked:]  # sampled since the last step: one code
+            new_rows += [i] * len(fresh)
+            new_codes += fresh
+            seq.seen_marked = len(seq.codec_ids)
+            penalized.append(seq)
+        if not any(penalized):
+            return logits
+        # transformers' rule over each request's generated codes, for the whole batch at once:
+        # a [rows, vocab] mask of seen codes (each request's kept on the device, updated with
+        # the codes sampled since), one where() (x / 1.0 and x * 1.0 are exact for the rest).
+        none = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
+        seen = torch.stack([s.seen_mask if s is not None else none for s in penalized])
+        if new_rows:
+            at = torch.tensor([new_rows, new_codes], device=logits.device)
+            seen[at[0], at[1]] = True
+        for i, s in enumerate(penalized):
+            if s is not None:
+                s.seen_mask = seen[i]
+        p = torch.tensor([s.params.repetition_penalty if s is not None else 1.0
+                          for s in penalized], device=logits.device, dtype=logits.dtype)[:, None]
+        return torch.where(seen, torch.where(logits < 0, logits * p, logits / p), logits)
 
 
 def write_backbone_dir(model_dir: Path, out: Path) -> None:
