@@ -41,6 +41,11 @@ def to_pcm16(samples) -> bytes:
 
 def wav_bytes(samples, sample_rate: int = DEFAULT_SAMPLE_RATE) -> bytes:
     """A complete PCM16 mono WAV file (header included) holding ``samples``."""
+    return pcm16_wav(to_pcm16(samples), sample_rate)
+
+
+def pcm16_wav(pcm16: bytes, sample_rate: int = DEFAULT_SAMPLE_RATE) -> bytes:
+    """A complete mono WAV file (header included) around little-endian int16 ``pcm16``."""
     if sample_rate < 1:
         raise ValueError(f"sample_rate must be >= 1, got {sample_rate}")
     buf = io.BytesIO()
@@ -48,7 +53,7 @@ def wav_bytes(samples, sample_rate: int = DEFAULT_SAMPLE_RATE) -> bytes:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(int(sample_rate))
-        w.writeframes(to_pcm16(samples))
+        w.writeframes(pcm16)
     return buf.getvalue()
 
 

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import logging
 import math
 import struct
 import time
-import wave
 
+from omni_ray.audio import pcm16_wav
 from omni_ray.config.request import STANDBY_WARMUP_ID_PREFIX, WARMUP_ID_PREFIX
 from omni_ray.config.serving import LimitsConfig
 from omni_ray.ingress.api_models import ChatCompletionRequest
@@ -178,10 +177,4 @@ def _tone_wav(seconds: float = 0.5, rate: int = 16000) -> str:
     n = int(seconds * rate)
     pcm = struct.pack(f"<{n}h", *(int(3000 * math.sin(2 * math.pi * 440 * i / rate))
                                   for i in range(n)))
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm)
-    return base64.b64encode(buf.getvalue()).decode()
+    return base64.b64encode(pcm16_wav(pcm, rate)).decode()

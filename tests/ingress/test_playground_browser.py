@@ -4,27 +4,16 @@ Debian's Chromium (headless) through Playwright. Needs ``apt-get install chromiu
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import pytest
+from browser_helpers import CHROMIUM, CHROMIUM_ARGS, KEY_STORAGE, playwright_sync_api
 from pydantic import SecretStr
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--autoplay-policy=no-user-gesture-required",
-                 # a fake microphone (a beep), granted without a prompt
-                 "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"]
 API_KEY = "playground-test-key"
-KEY_STORAGE = "omni_ray.playground.apiKey"  # as in playground.js
 ARTIFACTS = Path(__file__).parent / "artifacts"
-
-if not os.access(CHROMIUM, os.X_OK):
-    pytest.skip(f"{CHROMIUM} not found (apt-get install -y chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="playwright not installed (pip install playwright)")
+sync_api = playwright_sync_api()
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -11,20 +11,11 @@ import subprocess
 
 import numpy as np
 import pytest
+from browser_helpers import CHROMIUM, CHROMIUM_ARGS, KEY_STORAGE, playwright_sync_api
 from pydantic import SecretStr
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--autoplay-policy=no-user-gesture-required",
-        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"]
 KEY = "talk-test-key"
-KEY_STORAGE = "omni_ray.playground.apiKey"  # as in playground.js
-
-if not os.access(CHROMIUM, os.X_OK):
-    pytest.skip(f"{CHROMIUM} not found (apt-get install -y chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="playwright not installed (pip install playwright)")
+sync_api = playwright_sync_api()
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -76,7 +67,7 @@ def _talk(page) -> dict:
 
 def test_hold_to_talk_answers_and_plays(base_url):
     with sync_api.sync_playwright() as pw:
-        browser, page = _page(pw, ARGS, base_url)
+        browser, page = _page(pw, CHROMIUM_ARGS, base_url)
         try:
             page.select_option("#talk-mode", "hold")
             page.click("#talk")
@@ -103,7 +94,7 @@ def test_hold_to_talk_answers_and_plays(base_url):
 
 
 def test_hands_free_turns_and_interruption(base_url, question_wav):
-    args = ARGS + [f"--use-file-for-fake-audio-capture={question_wav}"]
+    args = CHROMIUM_ARGS + [f"--use-file-for-fake-audio-capture={question_wav}"]
     with sync_api.sync_playwright() as pw:
         browser, page = _page(pw, args, base_url)
         try:

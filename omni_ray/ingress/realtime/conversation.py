@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import io
-import wave
 from dataclasses import dataclass, field
-
-from omni_ray.config.defaults import REALTIME_SAMPLE_RATE as RATE
 
 
 @dataclass
@@ -51,14 +47,3 @@ def merge(base: dict, over: dict) -> dict:
     for k, v in over.items():
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
-
-
-def wav(pcm16: bytes, rate: int = RATE) -> bytes:
-    """pcm16 mono as a WAV file (the chat API's ``input_audio`` format)."""
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm16)
-    return buf.getvalue()

@@ -20,10 +20,11 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
+from omni_ray.audio import pcm16_wav
 from omni_ray.config.defaults import REALTIME_SAMPLE_RATE as RATE
 from omni_ray.config.serving import RealtimeConfig
 from omni_ray.ingress.realtime import protocol as P
-from omni_ray.ingress.realtime.conversation import ConvItem, InputBuffer, merge, wav
+from omni_ray.ingress.realtime.conversation import ConvItem, InputBuffer, merge
 from omni_ray.ingress.realtime.vad import TurnDetector
 
 logger = logging.getLogger("ray.serve")
@@ -339,9 +340,9 @@ class RealtimeSession:
         out: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
         for it in self.items:
             if it.pcm is not None:
+                audio = base64.b64encode(pcm16_wav(it.pcm, RATE)).decode()
                 parts = [{"type": "input_audio",
-                          "input_audio": {"data": base64.b64encode(wav(it.pcm)).decode(),
-                                          "format": "wav"}}]
+                          "input_audio": {"data": audio, "format": "wav"}}]
                 if it.text:
                     parts.append({"type": "text", "text": it.text})
                 out.append({"role": it.role, "content": parts})
