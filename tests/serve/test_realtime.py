@@ -196,7 +196,8 @@ def test_openai_client_server_vad_turn(url, question):
     types = [e["type"] for e in events]
     for kind in ("session.created", "session.updated", "input_audio_buffer.speech_started",
                  "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
-                 "conversation.item.added", "response.created", "response.output_item.added",
+                 "conversation.item.added", "conversation.item.created", "response.created",
+                 "response.output_item.added",
                  "response.output_audio.delta", "response.output_audio_transcript.delta",
                  "response.done"):
         assert kind in types, (kind, types)

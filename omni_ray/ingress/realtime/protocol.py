@@ -256,6 +256,7 @@ BETA_NAMES = {
     "response.output_text.delta": "response.text.delta",
     "response.output_text.done": "response.text.done",
     "conversation.item.added": "conversation.item.created",
+    "conversation.item.created": None,  # GA sends both; beta's comes from "added"
     "conversation.item.done": None,
 }
 

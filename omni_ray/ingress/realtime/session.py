@@ -302,7 +302,7 @@ class RealtimeSession:
                              prev)
 
     async def _announce(self, item: dict, prev: str | None = None) -> None:
-        await self.send(self.ev("conversation.item.added", item=item, previous_item_id=prev))
+        await self._announce_added(item, prev)
         await self.send(self.ev("conversation.item.done", item=item, previous_item_id=prev))
 
     def _add(self, item: ConvItem) -> None:
@@ -386,7 +386,7 @@ class RealtimeSession:
             item = P.assistant_item(r.item_id, kind, "in_progress")
             await self.send(ev("response.output_item.added", response_id=r.id, output_index=0,
                                item=item))
-            await self._announce_added(item)
+            await self._announce_added(item, latest=True)
             part = {"type": "audio", "transcript": ""} if kind == "audio" else {
                 "type": "text", "text": ""}
             await self.send(ev("response.content_part.added", part=part, **base))
@@ -457,9 +457,14 @@ class RealtimeSession:
             logger.info("realtime response %s: closing events not sent (%s)", r.id,
                         type(e).__name__)
 
-    async def _announce_added(self, item: dict) -> None:
-        prev = self.items[-1].id if self.items else None
-        await self.send(self.ev("conversation.item.added", item=item, previous_item_id=prev))
+    async def _announce_added(self, item: dict, prev: str | None = None, *,
+                              latest: bool = False) -> None:
+        """``conversation.item.added`` and, as OpenAI's GA server also does,
+        ``conversation.item.created`` (beta clients get one ``created``: protocol.BETA_NAMES)."""
+        if latest:
+            prev = self.items[-1].id if self.items else None
+        for name in ("conversation.item.added", "conversation.item.created"):
+            await self.send(self.ev(name, item=item, previous_item_id=prev))
 
     def _response_obj(self, r: Response, *, output=None, usage=None, error=None) -> dict:
         return P.response_obj(r.id, r.status.value, r.modality, r.voice, output=output,

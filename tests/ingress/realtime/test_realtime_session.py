@@ -168,6 +168,8 @@ def test_beta_clients_get_beta_event_names():
                 "conversation.item.created", "response.done"} <= types, types
         assert not {"response.output_audio.delta", "conversation.item.added",
                     "conversation.item.done"} & types
+        created = [e for e in sent if e["type"] == "conversation.item.created"]
+        assert len({e["item"]["id"] for e in created}) == len(created)  # one per item
         assert next(e for e in sent if e["type"] == "response.done")["response"][
             "status"] == "cancelled"
         await s.close()
