@@ -1,8 +1,9 @@
 """The OpenAI-compatible ingress deployment (FastAPI).
 
 Routes: ``POST /v1/chat/completions`` (text and/or audio out, streaming or not),
-``WS /v1/realtime`` (OpenAI's Realtime protocol), ``POST /v1/audio/transcriptions``, ``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health``,
-``GET /debug/stats`` (off unless enabled). Python callers use ``generate`` and ``speak``
+``WS /v1/realtime`` (OpenAI's Realtime protocol), ``POST /v1/audio/transcriptions``,
+``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health``, ``GET /debug/stats`` (off unless
+enabled). Python callers use ``generate`` and ``speak``
 (streams: ``handle.options(stream=True)``) and ``transcribe`` through a ``DeploymentHandle``.
 """
 

@@ -7,11 +7,12 @@ control plane:
 ``open(request, downstream)`` is a streaming method. It registers the request with the engine,
 yields the engine's actor handle first (the ingress passes it to the upstream stage, so all of a
 request's chunks for this stage reach this replica), then yields the request's encoded output
-items (lists of them, as ``StageEngine.stream`` batches them) until the end. Cancelling the call (client gone, ingress abort) aborts the request in the
-engine; an engine error ends the stream with ``StageRequestError``. While the replica has no
-ready engine (loading, or restarting after its engine died) ``open`` raises ``EngineUnavailable``
-before yielding anything (the ingress answers 503 + ``Retry-After``); requests under way on an
-engine that dies end with ``StageRequestError`` at once.
+items (lists of them, as ``StageEngine.stream`` batches them) until the end. Cancelling the call
+(client gone, ingress abort) aborts the request in the engine; an engine error ends the stream
+with ``StageRequestError``. While the replica has no ready engine (loading, or restarting after
+its engine died) ``open`` raises ``EngineUnavailable`` before yielding anything (the ingress
+answers 503 + ``Retry-After``); requests under way on an engine that dies end with
+``StageRequestError`` at once.
 """
 
 from __future__ import annotations

@@ -277,6 +277,7 @@ class _Bridge:
         self.errors: dict[str, str] = {}           # our request id -> why it failed this step
         self.positions: dict[str, tuple] = {}      # vLLM's request id -> (mrope [3, L], delta)
         self._suppress = None
+        self._unseen = None  # the penalty's all-False row (requests without a penalty)
         self._dtype = inputs.tts_pad.dtype  # the code predictor's (vLLM's may differ on CPU)
 
     def ready(self, request) -> bool:
@@ -396,8 +397,10 @@ class _Bridge:
         # transformers' rule over each request's generated codes, for the whole batch at once:
         # a [rows, vocab] mask of seen codes (each request's kept on the device, updated with
         # the codes sampled since), one where() (x / 1.0 and x * 1.0 are exact for the rest).
-        none = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
-        seen = torch.stack([s.seen_mask if s is not None else none for s in penalized])
+        if self._unseen is None or self._unseen.shape != logits.shape[1:] or \
+                self._unseen.device != logits.device:
+            self._unseen = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
+        seen = torch.stack([s.seen_mask if s is not None else self._unseen for s in penalized])
         if new_rows:
             at = torch.tensor([new_rows, new_codes], device=logits.device)
             seen[at[0], at[1]] = True
