@@ -30,6 +30,10 @@ class PipelineConfig(BaseModel):
     first_chunks_first: bool = Field(
         True, description="code2wav decodes requests' first chunks in a step of their own, "
                           "before the later chunks of others (time to first audio under load)")
+    code2wav_max_batch: int = Field(
+        32, ge=1, le=1024,
+        description="code2wav decodes up to this many requests' chunks in one forward "
+                    "(stateful mode; equal to decoding each alone). 1: one forward per chunk")
     code2wav_mode: Literal["window", "stateful"] = Field(
         DEFAULT_CODE2WAV_MODE,
         description="stateful: carry attention/conv state, exact for any chunking (default); "

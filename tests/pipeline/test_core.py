@@ -172,17 +172,24 @@ class FakeCode2Wav:
     def __init__(self):
         self.reqs: dict[str, int] = {}
         self.fail: set[str] = set()
+        self.batches: list[list[str]] = []  # the request ids of each decode_many call
 
     def add_request(self, request_id):
         self.reqs[request_id] = 0
 
-    def decode(self, request_id, codes):
-        if request_id in self.fail:
-            raise RuntimeError("bad codes")
-        start = self.reqs[request_id]
-        samples = codes[:, 0].float().repeat_interleave(SAMPLES_PER_FRAME)
-        self.reqs[request_id] += samples.numel()
-        return start, samples
+    def decode_many(self, items):
+        """Like the real runner: a failing request's entry is its exception."""
+        self.batches.append([rid for rid, _ in items])
+        out = []
+        for rid, codes in items:
+            if rid in self.fail:
+                out.append(RuntimeError("bad codes"))
+                continue
+            start = self.reqs[rid]
+            samples = codes[:, 0].float().repeat_interleave(SAMPLES_PER_FRAME)
+            self.reqs[rid] += samples.numel()
+            out.append((start, samples))
+        return out
 
     def finish(self, request_id):
         self.reqs.pop(request_id, None)
@@ -477,6 +484,45 @@ def test_a_new_requests_first_chunk_is_decoded_before_others_later_chunks(first_
     assert [x.numel() for x in out["c"]] == [SAMPLES_PER_FRAME, 2 * SAMPLES_PER_FRAME]
     assert torch.cat(out["a"]).tolist() == [1.0] * SAMPLES_PER_FRAME + [2.0] * 25 * SAMPLES_PER_FRAME
     assert c2w.request_ids() == [] and c2w.runner.num_requests == 0
+
+
+def test_code2wav_batches_one_chunk_per_request_per_forward_and_a_failure_stays_its_own():
+    """``max_batch``: a step's chunks decode in rounds (each request's r-th chunk in round r),
+    split into forwards of at most ``max_batch`` requests; each request's audio is what it gets
+    unbatched, and a request that fails in a shared forward fails alone."""
+    def run(max_batch, fail=()):
+        c2w = Code2WavLogic(FakeCode2Wav(), first_chunks_first=False, max_batch=max_batch)
+        c2w.runner.fail.update(fail)
+        for rid in "abc":
+            c2w.add(req(rid), False)
+        for rid in "abc":
+            c2w.on_chunk(_codec(rid, 0, 0, 2))
+        c2w.on_chunk(_codec("a", 1, 2, 3, finished=True))
+        c2w.on_chunk(_codec("b", 1, 2, 1, finished=True))
+        out, errors = {}, {}
+        while c2w.has_work():
+            for e in c2w.step():
+                if e.error:
+                    errors[e.request_id] = e.error
+                else:
+                    out.setdefault(e.request_id, []).append(e.item)
+        return c2w, out, errors
+
+    one, alone, _ = run(1)
+    assert one.runner.batches == [["a"], ["b"], ["c"], ["a"], ["b"]]
+    two, batched, _ = run(2)
+    assert two.runner.batches == [["a", "b"], ["c"], ["a", "b"]]
+    for rid in "ab":
+        assert [(a.seq, a.start_sample, a.finished) for a in batched[rid]] == \
+            [(a.seq, a.start_sample, a.finished) for a in alone[rid]]
+        assert torch.equal(torch.cat([a.samples for a in batched[rid]]),
+                           torch.cat([a.samples for a in alone[rid]]))
+    assert two.request_ids() == ["c"]  # c's stream is still open (no finished chunk yet)
+    failed, out, errors = run(2, fail={"b"})
+    assert errors == {"b": "RuntimeError: bad codes"}
+    assert failed.runner.batches == [["a", "b"], ["c"], ["a"]]  # b's later chunk is dropped
+    assert torch.equal(torch.cat([a.samples for a in out["a"]]),
+                       torch.cat([a.samples for a in alone["a"]]))
 
 
 # -- the disaggregated thinker (pipeline/kv.py) ------------------------------------------------

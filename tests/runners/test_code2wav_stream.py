@@ -212,3 +212,33 @@ def test_real_size_stream_equals_one_shot():
     assert 0.1 < want.abs().max().item() < 1.0
     sizes = [4, 1, 1, 2, 2, 4, 25, 3, 25, 7, 1, 25]  # sums to 100
     assert _rel_err(_stream(stream, codes, sizes), want) < TOL
+
+
+def test_runner_decode_many_equals_each_alone_and_isolates_a_failure(tiny):
+    """`Code2WavRunner.decode_many` (the stage's batched step) gives every request what
+    decoding it alone gives; a request whose codes break the batched forward fails alone, the
+    others' audio is unchanged and their streams continue exactly."""
+    from omni_ray.runners.transformers.code2wav import Code2WavRunner
+
+    def runner():
+        r = Code2WavRunner(tiny.model, mode="stateful")
+        for rid in "abcd":
+            r.add_request(rid)
+        return r
+
+    codes = {rid: _codes(30, seed=20 + i) for i, rid in enumerate("abcd")}
+    alone, batched = runner(), runner()
+    for lo, hi in [(0, 1), (1, 4), (4, 29), (29, 30)]:
+        want = [alone.decode(rid, codes[rid][lo:hi]) for rid in "abc"]
+        items = [(rid, codes[rid][lo:hi]) for rid in "abc"]
+        bad = codes["d"][lo:hi, :8]  # malformed: 8 of 16 codebooks
+        got = batched.decode_many(items + [("d", bad)])
+        assert isinstance(got[3], ValueError) and "codes must be" in str(got[3])
+        for (s_w, w), (s_g, g) in zip(want, got[:3]):
+            assert s_w == s_g and w.shape == g.shape and _rel_err(g, w) < TOL
+    for rid in "abc":
+        assert batched._reqs[rid].samples_out == 30 * SAMPLES_PER_FRAME - WITHHELD
+        assert batched._reqs[rid].num_frames == 30
+    assert batched._reqs["d"].num_frames == 0  # its failed chunks changed nothing
+    with pytest.raises(ValueError, match="at most one entry per request"):
+        batched.decode_many([("a", codes["a"][:1]), ("a", codes["a"][1:2])])

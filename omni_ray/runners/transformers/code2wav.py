@@ -106,6 +106,44 @@ class Code2WavRunner:
         req.samples_out += piece.numel()
         return start, piece.float().cpu()
 
+    @torch.inference_mode()
+    def decode_many(self, items: list[tuple[str, torch.Tensor]]
+                    ) -> list[tuple[int, torch.Tensor] | Exception]:
+        """Several requests' new frames, at most one entry per request: ``decode`` of each, in
+        one right-padded forward when stateful (``StreamingCode2Wav.decode_batch``, equal to
+        decoding each alone), one after another in window mode. An entry that fails is its
+        exception instead of (start, samples): a batched forward that fails changed no state
+        and is retried one request at a time, so only a request that fails alone fails."""
+        rids = [rid for rid, _ in items]
+        if len(set(rids)) != len(rids):
+            raise ValueError("decode_many takes at most one entry per request")
+        if self._stream is None or len(items) == 1:
+            return self._decode_each(items)
+        reqs = [self._reqs[rid] for rid in rids]
+        starts = [r.samples_out for r in reqs]
+        try:
+            pieces = self._stream.decode_batch([r.stream_state for r in reqs],
+                                               [c.to(self.device) for _, c in items])
+        except Exception:
+            return self._decode_each(items)
+        host = torch.cat(pieces).float().cpu().split([p.numel() for p in pieces])  # one copy
+        out: list[tuple[int, torch.Tensor] | Exception] = []
+        for req, (_, codes), start, piece in zip(reqs, items, starts, host):
+            req.num_frames += codes.shape[0]
+            req.samples_out += piece.numel()
+            out.append((start, piece))
+        return out
+
+    def _decode_each(self, items: list[tuple[str, torch.Tensor]]
+                     ) -> list[tuple[int, torch.Tensor] | Exception]:
+        out: list[tuple[int, torch.Tensor] | Exception] = []
+        for rid, codes in items:
+            try:
+                out.append(self.decode(rid, codes))
+            except Exception as e:  # this request only
+                out.append(e)
+        return out
+
     def _decode_window(self, req: _Req, codes: torch.Tensor) -> torch.Tensor:
         s, n = req.num_frames, codes.shape[0]
         ctx = min(self.ctx, s)

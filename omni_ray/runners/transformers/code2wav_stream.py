@@ -88,6 +88,13 @@ class Code2WavStreamState:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _shallow_copy(state: Code2WavStreamState) -> Code2WavStreamState:
+    """New containers over the same tensors: the forward only ever assigns new tensors."""
+    return dataclasses.replace(state, keys=list(state.keys), values=list(state.values),
+                               conv_tails=dict(state.conv_tails),
+                               trans_tails=dict(state.trans_tails))
+
+
 @dataclasses.dataclass
 class _Ragged:
     """A right-padded batch whose row b is valid in [:lens[b]]; the rest is ignored."""
@@ -163,9 +170,13 @@ class StreamingCode2Wav:
         live = [i for i, c in enumerate(codes) if c.shape[0] > 0]
         if not live:
             return outs
-        wavs = self._forward([states[i] for i in live], [codes[i] for i in live])
-        for i, w in zip(live, wavs):
+        # The forward advances working copies; the states change only once it has succeeded,
+        # so a failed batch leaves every request where it was (each can be retried alone).
+        work = [_shallow_copy(states[i]) for i in live]
+        wavs = self._forward(work, [codes[i] for i in live])
+        for i, w, done in zip(live, wavs, work):
             outs[i] = w
+            states[i].__dict__.update(done.__dict__)
         return outs
 
     # ---- the forward, stage by stage ---------------------------------------------------------
