@@ -114,6 +114,7 @@ class Check:
         self.lines: list[str] = []
         self.checks: list[dict] = []
         self.data: dict = dict(args={k: str(v) for k, v in vars(args).items()}, phases={})
+        self.serve_levels: list[dict] = []  # the standin's Serve bench, for the batch phase
 
     def line(self, status: str, name: str, numbers: str = "", **detail) -> bool:
         text = f"{status} {name}: {numbers}"
@@ -289,7 +290,7 @@ def phase_standin(chk: Check) -> None:
             chk.line("PASS" if ok else "FAIL", f"standin {name} well-formed", numbers)
         if not has_proc:
             chk.line("SKIP", "standin speech-in well-formed", "no processor files")
-        base = serve_bench(chk, url, shape, st, cfg)
+        base = chk.serve_levels = serve_bench(chk, url, shape, st, cfg)
         if a.rates:
             poisson_bench(chk, url, shape)
         if a.realtime:
@@ -493,6 +494,11 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
                   num_ok=s["num_ok"], output_tokens_mean=m["output_tokens"]["mean"],
                   audio_seconds_mean=m["audio_seconds"]["mean"], wall_s=s["wall_s"])
         lv["step_profile"] = run.get("step_profile")
+        t_first = min(r["start"] for r in run["requests"])
+        lv["requests"] = sorted(  # which requests were slow: start offset, client TTFA, RTF
+            (dict(t0_s=round(r["start"] - t_first, 3), ttfa_s=r["ttfa"], rtf=r["rtf"])
+             for r in run["requests"]), key=lambda r: r["t0_s"])
+        lv["ttfa_requests"] = run.get("ttfa_requests")
         bd = lv["ttfa_breakdown"] = run.get("ttfa_breakdown") or {}
         from benchmarks.timeline import SEGMENTS
 
@@ -536,7 +542,119 @@ def phase_offline(chk: Check) -> None:
              log_tail=tail(a.out / "logs" / "offline.log") if rc else None)
 
 
-PHASES = {"tiny": phase_tiny, "standin": phase_standin, "offline": phase_offline}
+def phase_code2wav(chk: Check) -> None:
+    """The code2wav stage's batched step vs one forward per stream, at the released shape in the
+    served dtype (``benchmarks.code2wav_batch_bench``), and the two answers compared in float32
+    (TF32 off) -> ``code2wav_batch_<device>.json``."""
+    import torch
+
+    from benchmarks import code2wav_batch_bench as cb
+
+    dev = chk.args.device
+    cuda = dev == "cuda"
+    setup, frames, counts = ("real", 100, "1,8,32") if cuda else ("tiny", 30, "1,4")
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    exact = cb.main(["--setup", setup, "--device", dev, "--dtype", "float32", "--requests", "4",
+                     "--frames", str(frames // 2), "--out", "scratch.json",
+                     "--out-dir", str(chk.tmp)])["results"][0]
+    diff = exact["max_abs_diff_rel_peak"]
+    chk.line("PASS" if diff < 1e-4 else "FAIL", f"code2wav batched == one by one ({dev} fp32)",
+             f"4 streams x {frames // 2} frames, max diff {diff:.1e} of peak")
+    dtype = "bfloat16" if cuda else "float32"
+    rep = cb.main(["--setup", setup, "--device", dev, "--dtype", dtype, "--requests", counts,
+                   "--frames", str(frames), "--out-dir", str(chk.args.out),
+                   "--out", f"code2wav_batch_{'gpu' if cuda else 'cpu'}.json"])
+    rep["float32_check"] = exact
+    chk.data["phases"]["code2wav"] = rep
+    for r in rep["results"]:
+        chk.line("INFO", f"code2wav batched vs one by one, {r['requests']} streams",
+                 cb.line(r))
+
+
+def phase_batch(chk: Check) -> None:
+    """``omni-ray batch`` (Ray Data, one actor per stage) on the stand-in with the yaml's engines,
+    over the prompts the Serve bench sends, 4 x its top concurrency rows -> ``batch_gpu.json``:
+    every row once and without error; rows/s and audio s/s beside the Serve app's top level."""
+    import pyarrow.parquet as pq
+
+    from benchmarks.serve_bench import make_prompts
+
+    a, dev = chk.args, chk.args.device
+    b = BENCH[dev]
+    st = chk.data["phases"].get("standin") or {}
+    shape = a.shape or ("smoke" if dev == "cpu" else "qwen3-omni-30b-a3b")
+    model, has_proc = ((st["model"], st["processor"]) if st.get("model") else
+                       make_checkpoint("dummy", chk.tmp / "standin", shape, not a.no_processor))
+    cfg = app_config(model, dev, free_port(), tiny=False, dummy=True, processor=has_proc)
+    top = max(int(c) for c in a.concurrency.split(",")) if a.concurrency else max(
+        b["concurrency"])
+    rows = [dict(id=f"r{i}", messages=[{"role": "user", "content": p}],
+                 max_tokens=b["max_tokens"], max_audio_frames=b["frames"])
+            for i, p in enumerate(make_prompts("fixed", 4 * top, 32, 0))]
+    work = chk.tmp / "batch"
+    work.mkdir(exist_ok=True)
+    inp = work / "rows.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cmd = [sys.executable, "-m", "omni_ray.cli", "batch", "--config",
+           str(write_config(cfg, a.out / "configs" / "batch.yaml")), "--input", str(inp),
+           "--output", str(work / "out"), "--batch-size", str(top), "--audio-format", "flac"]
+    (a.out / "logs").mkdir(parents=True, exist_ok=True)
+    log = a.out / "logs" / "batch.log"
+    t = time.perf_counter()
+    with open(log, "wb") as f:
+        try:
+            proc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(), stdout=subprocess.PIPE,
+                                  stderr=f, timeout=max(60, chk.left_s() - 20))
+        except subprocess.TimeoutExpired:
+            subprocess.run(["ray", "stop", "--force"], env=child_env(), capture_output=True)
+            chk.line("SKIP", "batch job", f"time budget: cut after {time.perf_counter() - t:.0f}s")
+            return
+    wall = time.perf_counter() - t
+    if proc.returncode:
+        chk.line("FAIL", "batch job", f"rc {proc.returncode}", log_tail=tail(log))
+        return
+    summary = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    table = pq.read_table(str(work / "out")).drop_columns(["audio"]).to_pylist()
+    busy = {s: sum({r[f"{s}_batch_s"] for r in table} - {None})  # each batch's time, once
+            for s in ("thinker", "talker", "code2wav")}
+    # Steady state, without the engines' start: the rows after the first file (blocks are
+    # written as they finish) over the time from the first file to the last.
+    files = sorted((f.stat().st_mtime, pq.read_metadata(f).num_rows)
+                   for f in (work / "out").glob("*.parquet"))
+    span = files[-1][0] - files[0][0] if len(files) > 1 else 0.0
+    steady = (sum(n for _, n in files[1:]) / span) if span > 0 else None
+    serve = next((lv for lv in chk.serve_levels if lv["concurrency"] == top), None)
+    res = dict(setup=dict(config="batch.yaml (the standin's)", rows=len(rows), batch_size=top,
+                          max_tokens=b["max_tokens"], max_audio_frames=b["frames"],
+                          actors_per_stage=1), summary=summary, job_wall_s=round(wall, 1),
+               stage_busy_s=busy, rows_per_busiest_stage_s=len(table) / max(busy.values()),
+               files=len(files), rows_per_s_after_first_file=steady,
+               audio_s_per_s_after_first_file=None if steady is None else
+               steady * summary["audio_seconds"] / summary["rows"],
+               audio_s_per_s_incl_start=summary["audio_seconds"] / summary["wall_s"],
+               serve_top_level=None if serve is None else dict(
+                   concurrency=top, rows_per_s=serve["num_requests"] / serve["wall_s"],
+                   audio_s_per_s=serve["audio_s_per_s"]))
+    chk.data["phases"]["batch"] = res
+    write(a.out / f"batch_{'gpu' if dev == 'cuda' else 'cpu_check'}.json", res)
+    ok = (summary["rows"] == len(rows) and summary["errors"] == 0
+          and summary["duplicates"] == 0)
+    chk.line("PASS" if ok else "FAIL", "batch job rows",
+             f"{summary['rows']}/{len(rows)} rows, {summary['errors']} errors, "
+             f"{summary['duplicates']} duplicates, {summary['audio_seconds']:.0f} audio s")
+    after = ("n/a (one file)" if steady is None else
+             f"{steady:.2f} rows/s, {res['audio_s_per_s_after_first_file']:.1f} audio s/s")
+    chk.line("INFO", "batch throughput",
+             f"after the first file {after}; {summary['rows_per_s']:.2f} rows/s with the "
+             f"engines' start ({summary['wall_s']:.0f}s); stage busy s "
+             + ", ".join(f"{k} {v:.1f}" for k, v in busy.items())
+             + (f"; Serve c={top}: {res['serve_top_level']['rows_per_s']:.2f} rows/s, "
+                f"{serve['audio_s_per_s']:.1f} audio s/s" if serve else ""))
+
+
+PHASES = {"tiny": phase_tiny, "code2wav": phase_code2wav, "standin": phase_standin,
+          "batch": phase_batch, "offline": phase_offline}
 
 
 def _f(v, nd=3) -> str:
@@ -570,7 +688,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
-    ap.add_argument("--phases", default="tiny,standin", help="comma list of tiny,standin,offline")
+    ap.add_argument("--phases", default="tiny,standin",
+                    help="comma list of tiny,code2wav,standin,batch,offline")
     ap.add_argument("--tiny-dtype", choices=("float32", "bfloat16"), default="float32",
                     help="tiny phase on cuda: float32 compares exactly with the offline "
                          "pipeline; bfloat16 (the yaml's) with the bf16 allowance")

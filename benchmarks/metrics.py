@@ -147,7 +147,7 @@ class RequestRecord:
         """JSON-ready: the derived metrics plus the raw counts (text shortened)."""
         raw = asdict(self)
         raw["text"] = self.text[:80]
-        return dict(ttft=self.ttft, ttfa=self.ttfa, text_rate=self.text_rate,
+        return dict(start=self.start, ttft=self.ttft, ttfa=self.ttfa, text_rate=self.text_rate,
                     audio_seconds=self.audio_seconds,
                      rtf=self.rtf, e2e=self.e2e, output_tokens=self.completion_tokens,
                      ok=self.ok, **{k: raw[k] for k in ("audio_packets", "finish_reason",

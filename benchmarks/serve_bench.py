@@ -142,20 +142,23 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
             print(summary_line(label, kind, value, summary), flush=True)
             results.append(dict(label=label, load=kind, value=value, summary=asdict(summary),
                                 requests=[r.summary() for r in recs],
-                                ttfa_breakdown=await ttfa_breakdown(url, len(batch)),
+                                **await ttfa_breakdown(url, len(batch)),
                                 step_profile=step_profile.diff(
                                     stats_before,
                                     await asyncio.to_thread(step_profile.fetch, url), wall)))
     return results
 
 
-async def ttfa_breakdown(url: str, n: int) -> dict | None:
+async def ttfa_breakdown(url: str, n: int) -> dict:
     """The app's milestones of the level's ``n`` requests (the last ``n`` it finished: nothing
-    else may use the app meanwhile) split into stages and hops; None when /debug is off."""
+    else may use the app meanwhile) split into stages and hops: ``ttfa_breakdown`` (stats per
+    segment) and ``ttfa_requests`` (each request's segments); None when /debug is off."""
     from benchmarks import timeline
 
     reqs = await asyncio.to_thread(timeline.fetch, url, n)
-    return None if reqs is None else timeline.breakdown(reqs)
+    if reqs is None:
+        return dict(ttfa_breakdown=None, ttfa_requests=None)
+    return dict(ttfa_breakdown=timeline.breakdown(reqs), ttfa_requests=timeline.per_request(reqs))
 
 
 def requests_per_level(args, concurrency: int) -> int:

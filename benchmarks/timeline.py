@@ -50,6 +50,22 @@ def breakdown(requests: list[dict]) -> dict:
     return out
 
 
+def per_request(requests: list[dict]) -> list[dict]:
+    """Each request's segments in ms (None where a milestone is missing), ordered by when the
+    ingress received it, with ``t0_s`` its arrival after the first one's: shows which requests
+    of a level were slow, and where."""
+    t0 = [r.get("ingress", {}).get("received") for r in requests]
+    first = min((t for t in t0 if t is not None), default=0.0)
+    rows = []
+    for r, t in sorted(zip(requests, t0), key=lambda rt: (rt[1] is None, rt[1] or 0.0)):
+        row = {"t0_s": None if t is None else round(t - first, 3)}
+        for name, a, b in [*SEGMENTS, TOTAL]:
+            x = _span(r, a, b)
+            row[name.split(":")[0]] = None if x is None else round(x * 1e3, 1)
+        rows.append(row)
+    return rows
+
+
 def table(rows: dict, q: str = "p50") -> str:
     """A markdown table of one breakdown."""
     lines = [f"| segment | {q} ms | mean ms |", "|---|---|---|"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.timeline import SEGMENTS, TOTAL, breakdown
+from benchmarks.timeline import SEGMENTS, TOTAL, breakdown, per_request
 from omni_ray.timeline import Timeline
 
 
@@ -46,3 +46,16 @@ def test_breakdown_segments_add_up_to_the_total():
     assert parts == pytest.approx(rows[TOTAL[0]]["p50"]) and rows[TOTAL[0]]["p50"] == 1.0
     text_only = {"ingress": {"received": 0.0}, "thinker": {"added": 0.1, "first_down": 0.2}}
     assert set(breakdown([text_only])) == {SEGMENTS[0][0], SEGMENTS[1][0]}
+
+
+def test_per_request_rows_are_in_arrival_order_with_their_segments():
+    def req(t0, talker_ms, audio=True):
+        r = {"ingress": {"received": t0}, "thinker": {"added": t0 + 0.01, "first_down": t0 + 0.02}}
+        if audio:
+            r["talker"] = {"first_in": t0 + 0.03, "first_down": t0 + 0.03 + talker_ms / 1e3}
+        return r
+
+    rows = per_request([req(5.5, 40), req(5.0, 1300), req(5.2, 0, audio=False)])
+    assert [r["t0_s"] for r in rows] == [0.0, 0.2, 0.5]
+    assert [r["talker"] for r in rows] == [1300.0, None, 40.0]  # the slow one, named
+    assert rows[0]["thinker"] == 10.0 and rows[0]["ingress first audio"] is None

@@ -145,12 +145,37 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
         assert [lv["concurrency"] for lv in serve["levels"]] == [1, 2]
         for lv in serve["levels"]:
             assert LEVEL_KEYS <= set(lv) and lv["num_ok"] == lv["num_requests"] == 2
+            assert [r["t0_s"] for r in lv["requests"]] == sorted(r["t0_s"] for r in lv["requests"])
+            assert len(lv["requests"]) == 2 and all(r["ttfa_s"] > 0 for r in lv["requests"])
+            assert len(lv["ttfa_requests"]) == 2  # each request's segments, from the app
+            assert all(r["ingress first audio"] > 0 for r in lv["ttfa_requests"])
         assert ("poisson" in serve) is (name == "gpu_serve.json")  # open loop: the base only
     assert serve["setup"]["pipeline"]["first_chunks_first"] is False  # the variant's args
     (lv,) = json.loads((tmp_path / "gpu_serve.json").read_text())["poisson"]
     assert lv["rate"] == 4 and lv["num_ok"] == lv["num_requests"] == 3
     assert lv["ttfa_p99_s"] >= lv["ttfa_p50_s"] > 0 and len(lv["prompt_tokens"]) == 3
     assert sum(line.startswith("INFO A/B fifo c=") for line in lines) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+def test_code2wav_and_batch_phases_pass_on_cpu(tmp_path):
+    """The code2wav step's batched A/B (and its float32 equality), then ``omni-ray batch`` on the
+    stand-in with the app's engines: every row once, without error, timed per stage."""
+    rc, lines, data = run_check(tmp_path, "--phases", "code2wav,batch")
+    assert rc == 0, "\n".join(lines)
+    assert any(line.startswith("PASS code2wav batched == one by one (cpu fp32)") for line in lines)
+    rep = json.loads((tmp_path / "code2wav_batch_cpu.json").read_text())
+    assert [r["requests"] for r in rep["results"]] == [1, 4]
+    assert all(r["max_abs_diff_rel_peak"] < 1e-4 for r in rep["results"])
+    assert any(line.startswith("PASS batch job rows: 8/8 rows, 0 errors, 0 duplicates")
+               for line in lines), "\n".join(lines)
+    batch = json.loads((tmp_path / "batch_cpu_check.json").read_text())
+    assert batch["summary"]["rows"] == 8 and batch["setup"]["batch_size"] == 2
+    assert batch["files"] >= 2 and batch["rows_per_s_after_first_file"] > 0
+    assert all(v > 0 for v in batch["stage_busy_s"].values())
+    assert batch["serve_top_level"] is None  # no standin phase ran: nothing to set beside
 
 
 def test_targets_say_met_only_within_the_target():
