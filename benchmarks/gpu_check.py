@@ -8,6 +8,9 @@ The app from ``serve_configs/qwen3_omni_1gpu.yaml`` started with the real ``serv
   check", "Parity allowance");
 * ``standin``: ``make_dummy_checkpoint`` at real size (``smoke`` on CPU), the yaml's own settings;
   ``/v1/models`` says dummy, well-formed answers, then the Serve benchmark -> ``gpu_serve.json``;
+* ``code2wav`` / ``codepred`` (when asked for): the code2wav step batched vs one by one, and the
+  code predictor's graphs with eager vs compiled kernels (cuda only), at the released shapes;
+* ``batch`` (when asked for): ``omni-ray batch`` (Ray Data) on the stand-in with the same engines;
 * ``offline`` (only when asked for): ``benchmarks.gpu_run --phase realsize``, its JSON copied in.
 
 One line a check, ``PASS|FAIL|SKIP|INFO <name>: <numbers>`` (INFO: an A/B comparison), then a
@@ -572,6 +575,26 @@ def phase_code2wav(chk: Check) -> None:
                  cb.line(r))
 
 
+def phase_codepred(chk: Check) -> None:
+    """The talker's code predictor per frame in its CUDA graphs, eager kernels vs the compiled
+    decoder (``StageConfig.compile_graphs``), at the released shape -> ``code_predictor_gpu.json``
+    (CUDA only)."""
+    if chk.args.device != "cuda":
+        chk.line("SKIP", "code predictor graphs A/B", "CUDA graphs: cuda only")
+        return
+    from benchmarks import code_predictor_bench
+
+    res = code_predictor_bench.main(["--batches", "1,8,32", "--out-dir", str(chk.args.out)])
+    chk.data["phases"]["codepred"] = res
+    e, c = res["modes"]["eager_graph"], res["modes"]["compiled_graph"]
+    chk.line("PASS" if c["compiled"] else "FAIL", "code predictor compiled decoder captured",
+             f"start (compile + capture) {c['start_s']}s vs {e['start_s']}s eager")
+    for b, x in res["speedup"].items():
+        chk.line("INFO", f"code predictor graph b={b}",
+                 f"{e['ms_per_frame'][b]} ms eager vs {c['ms_per_frame'][b]} ms compiled "
+                 f"(x{x}), codes equal {res['codes_equal_fraction'][b]:.3f}")
+
+
 def phase_batch(chk: Check) -> None:
     """``omni-ray batch`` (Ray Data, one actor per stage) on the stand-in with the yaml's engines,
     over the prompts the Serve bench sends, 4 x its top concurrency rows -> ``batch_gpu.json``:
@@ -653,8 +676,8 @@ def phase_batch(chk: Check) -> None:
                 f"{serve['audio_s_per_s']:.1f} audio s/s" if serve else ""))
 
 
-PHASES = {"tiny": phase_tiny, "code2wav": phase_code2wav, "standin": phase_standin,
-          "batch": phase_batch, "offline": phase_offline}
+PHASES = {"tiny": phase_tiny, "code2wav": phase_code2wav, "codepred": phase_codepred,
+          "standin": phase_standin, "batch": phase_batch, "offline": phase_offline}
 
 
 def _f(v, nd=3) -> str:
@@ -689,7 +712,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
     ap.add_argument("--phases", default="tiny,standin",
-                    help="comma list of tiny,code2wav,standin,batch,offline")
+                    help="comma list of code2wav,codepred,tiny,standin,batch,offline")
     ap.add_argument("--tiny-dtype", choices=("float32", "bfloat16"), default="float32",
                     help="tiny phase on cuda: float32 compares exactly with the offline "
                          "pipeline; bfloat16 (the yaml's) with the bf16 allowance")

@@ -66,6 +66,11 @@ class StageConfig(BaseModel):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict,
                                           description="passed through to the backend (vLLM)")
     default_sampling: SamplingParams | None = None
+    compile_graphs: bool = Field(
+        True, description="CUDA: the PyTorch parts a stage runs in its own CUDA graphs (the "
+                          "talker's code predictor) are torch.compile'd first, for fused kernels "
+                          "(compiled at start, cached on disk); false: eager kernels in the "
+                          "graphs. No effect on CPU")
     engine_resources: EngineResources = Field(default_factory=EngineResources)
     engine_restart: EngineRestartConfig = Field(default_factory=EngineRestartConfig)
     deployment_config: dict[str, Any] = Field(

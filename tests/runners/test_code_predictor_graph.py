@@ -104,3 +104,30 @@ def test_exponential_race_draws_from_the_filtered_distribution():
     freq = torch.bincount(draws, minlength=64)[:4].float() / draws.numel()
     assert int(draws.max()) < 4
     assert torch.allclose(freq, want, atol=0.03), (freq, want)
+
+
+@pytest.mark.slow
+@torch.inference_mode()
+def test_compiled_decoder_picks_the_same_codes(talker_parts):
+    """``StageConfig.compile_graphs``: the decoder the CUDA graphs capture, torch.compile'd as
+    ``CodePredictorGraphs`` compiles it (dynamic shapes, whole graph: a graph break raises), picks
+    the codes the eager decoder picks, for a single request and a batch (on CPU: inductor's C++
+    kernels; the GPU check runs the Triton ones inside the graphs)."""
+    from omni_ray.runners.transformers.code_predictor_graph import decoder_layers
+
+    talker = _deeper(talker_parts.module)
+    graphs = CodePredictorGraphs(talker, "cpu", torch.float32, compile=True)
+    assert graphs.decoder is not decoder_layers
+    cp = talker.code_predictor.model.config
+    gen = torch.Generator().manual_seed(0)
+    for batch in (1, 3):
+        hidden = torch.randn(batch, 1, talker.config.text_config.hidden_size, generator=gen)
+        code0 = torch.randint(0, 2048, (batch,), generator=gen)
+        out = []
+        for decoder in (decoder_layers, graphs.decoder):
+            kv = [(torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim),
+                   torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim))
+                  for _ in range(cp.num_hidden_layers)]
+            out.append(static_codes(talker, hidden, code0, kv, decoder=decoder))
+        assert torch.equal(out[0][0], out[1][0])
+        torch.testing.assert_close(out[0][1], out[1][1], atol=1e-5, rtol=1e-5)

@@ -46,14 +46,16 @@ def _pick(logits: torch.Tensor, sample: bool) -> torch.Tensor:
 
 
 def static_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
-                 kv: list[tuple[torch.Tensor, torch.Tensor]], sample: bool = False):
+                 kv: list[tuple[torch.Tensor, torch.Tensor]], sample: bool = False,
+                 decoder=None):
     """codes [B, G] (codebook 0 = ``code0``, 1..G-1 greedy, or sampled if ``sample``) and the
     summed embedding [B, 1, D] of the G codes, from ``past_hidden`` [B, 1, D] and ``code0`` [B].
-    ``kv``: per layer (keys, values) buffers [B, kv_heads, G, head_dim], overwritten."""
-    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
-
+    ``kv``: per layer (keys, values) buffers [B, kv_heads, G, head_dim], overwritten.
+    ``decoder``: ``decoder_layers`` or a compiled copy of it (``CompiledDecoder``)."""
     cp = talker.code_predictor
     model = cp.model
+    decoder = decoder or decoder_layers
+    layers = tuple(model.layers[:model.config.num_hidden_layers])
     groups = len(cp.lm_head) + 1
     e0 = talker.get_input_embeddings()(code0).unsqueeze(1)            # [B, 1, D]
     x = torch.cat([past_hidden, e0], dim=1)                           # [B, 2, D]
@@ -64,25 +66,7 @@ def static_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
         length = x.shape[1]
         pos = torch.arange(start, start + length, device=x.device).unsqueeze(0)
         cos, sin = model.rotary_emb(x, pos)
-        h = x
-        for i, layer in enumerate(model.layers[:model.config.num_hidden_layers]):
-            attn = layer.self_attn
-            r = h
-            h = layer.input_layernorm(h)
-            shape = (h.shape[0], length, -1, attn.head_dim)
-            q = attn.q_norm(attn.q_proj(h).view(shape)).transpose(1, 2)
-            k = attn.k_norm(attn.k_proj(h).view(shape)).transpose(1, 2)
-            v = attn.v_proj(h).view(shape).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            keys, values = kv[i]
-            keys[:, :, start:start + length] = k
-            values[:, :, start:start + length] = v
-            o = F.scaled_dot_product_attention(
-                q, keys[:, :, :start + length], values[:, :, :start + length],
-                is_causal=length > 1, scale=attn.scaling, enable_gqa=True)
-            h = r + attn.o_proj(o.transpose(1, 2).reshape(h.shape[0], length, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        h = model.norm(h)
+        h = decoder(layers, model.norm, x, cos, sin, kv, start, step == 1)
         code = _pick(cp.lm_head[step - 1](h[:, -1]), sample)           # [B]
         codes.append(code)
         emb = model.get_input_embeddings()[step - 1](code).unsqueeze(1)
@@ -92,11 +76,44 @@ def static_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
     return torch.stack(codes, dim=1), embed_sum
 
 
+def decoder_layers(layers, norm, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   kv: list[tuple[torch.Tensor, torch.Tensor]], start: int,
+                   causal: bool) -> torch.Tensor:
+    """The code predictor's decoder layers and final norm over ``h`` [B, L, D] at positions
+    ``start..start+L-1``, writing each layer's keys and values into ``kv`` there; ``causal``:
+    the 2-token first step (one token attends to all before it, so no mask)."""
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
+
+    length = h.shape[1]
+    for layer, (keys, values) in zip(layers, kv):
+        attn = layer.self_attn
+        r = h
+        h = layer.input_layernorm(h)
+        shape = (h.shape[0], length, -1, attn.head_dim)
+        q = attn.q_norm(attn.q_proj(h).view(shape)).transpose(1, 2)
+        k = attn.k_norm(attn.k_proj(h).view(shape)).transpose(1, 2)
+        v = attn.v_proj(h).view(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys[:, :, start:start + length] = k
+        values[:, :, start:start + length] = v
+        o = F.scaled_dot_product_attention(
+            q, keys[:, :, :start + length], values[:, :, :start + length],
+            is_causal=causal, scale=attn.scaling, enable_gqa=True)
+        h = r + attn.o_proj(o.transpose(1, 2).reshape(h.shape[0], length, -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return norm(h)
+
+
 class CodePredictorGraphs:
     """``static_codes`` captured as a CUDA graph per (batch bucket, greedy or sampled); ``warm_up``
-    captures them ahead of traffic (a capture costs ~0.1-1 s)."""
+    captures them ahead of traffic (a capture costs ~0.1-1 s).
 
-    def __init__(self, talker, device: str, dtype: torch.dtype):
+    With ``compile``, the decoder layers inside the graph are ``torch.compile``'d first (one
+    dynamic-shape compile serves every bucket): a graph of 15 steps x 5 layers of tiny eager
+    ops is ~4,500 kernels, latency-bound even replayed; fused, it is a fraction of that. Should
+    the compile or its capture fail, the graphs fall back to the eager decoder (logged)."""
+
+    def __init__(self, talker, device: str, dtype: torch.dtype, compile: bool = False):
         cfg = talker.code_predictor.model.config
         self.talker = talker
         self.device = device
@@ -108,6 +125,8 @@ class CodePredictorGraphs:
         self.layers = cfg.num_hidden_layers
         self._graphs: dict[int, tuple] = {}
         self._pool = None
+        self.decoder = (torch.compile(decoder_layers, dynamic=True, fullgraph=True) if compile
+                        else decoder_layers)
 
     def warm_up(self, max_batch: int, sample: bool = False) -> None:
         for b in BUCKETS:
@@ -130,8 +149,23 @@ class CodePredictorGraphs:
         graph.replay()
         return codes[:n].clone(), embed_sum[:n].clone()
 
-    @torch.inference_mode()
     def _capture(self, bucket: int, sample: bool = False):
+        if self.decoder is decoder_layers:
+            return self._capture_with(bucket, sample)
+        try:
+            return self._capture_with(bucket, sample)
+        except Exception as e:  # noqa: BLE001 - a compiler failure costs speed, not the stage
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "code predictor: compiled decoder failed (%s: %s); eager kernels in the graphs",
+                type(e).__name__, e)
+            self.decoder = decoder_layers
+            torch.cuda.synchronize()
+            return self._capture_with(bucket, sample)
+
+    @torch.inference_mode()
+    def _capture_with(self, bucket: int, sample: bool):
         hid = torch.zeros((bucket, 1, self.hidden), device=self.device, dtype=self.dtype)
         c0 = torch.zeros((bucket,), device=self.device, dtype=torch.long)
         kv = [(torch.zeros((bucket, *self.kv_shape), device=self.device, dtype=self.dtype),
@@ -140,12 +174,12 @@ class CodePredictorGraphs:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up (allocations, lazy inits) outside the graph
-                static_codes(self.talker, hid, c0, kv, sample)
+            for _ in range(2):  # warm-up (allocations, lazy inits, compiles) outside the graph
+                static_codes(self.talker, hid, c0, kv, sample, self.decoder)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            codes, embed_sum = static_codes(self.talker, hid, c0, kv, sample)
+            codes, embed_sum = static_codes(self.talker, hid, c0, kv, sample, self.decoder)
         self._pool = graph.pool()
         entry = (graph, hid, c0, codes, embed_sum, kv)  # kv: kept alive with the graph
         self._graphs[(bucket, sample)] = entry

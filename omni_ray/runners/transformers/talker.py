@@ -29,10 +29,12 @@ class TalkerRunner(TalkerRequests):
     """Step loop that owns the talker (with its code predictor)."""
 
     def __init__(self, talker, text_embedding, config, *, max_num_seqs: int = 64,
-                 device: str = "cpu", batch_code_predictor: bool | None = None):
+                 device: str = "cpu", batch_code_predictor: bool | None = None,
+                 compile_graphs: bool = False):
         self.model = talker
         self.cfg = config                 # Qwen3OmniMoeConfig
-        self.inputs = TalkerInputs(talker, text_embedding, config, device)
+        self.inputs = TalkerInputs(talker, text_embedding, config, device,
+                                   compile_graphs=compile_graphs)
         self.num_code_groups = self.inputs.num_code_groups
         self.max_num_seqs = max_num_seqs
         self.device = device
@@ -54,7 +56,7 @@ class TalkerRunner(TalkerRequests):
 
         tk = load_stage(model_dir, "talker", stage_cfg.device, getattr(torch, stage_cfg.dtype))
         return cls(tk.module, tk.text_embedding, tk.config, max_num_seqs=stage_cfg.max_num_seqs,
-                   device=stage_cfg.device)
+                   device=stage_cfg.device, compile_graphs=stage_cfg.compile_graphs)
 
     # -- request lifecycle -------------------------------------------------------------------
     def abort(self, request_id: str) -> bool:

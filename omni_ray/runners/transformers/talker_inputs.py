@@ -111,9 +111,10 @@ class TalkerInputs:
     """
 
     def __init__(self, talker, text_embedding, config, device: str = "cpu",
-                 cuda_graphs: bool | None = None):
-        """``cuda_graphs`` (default: on for CUDA devices): greedy batches of the code predictor
-        replay a CUDA graph (runners/transformers/code_predictor_graph.py) instead of ~75 eager forwards."""
+                 cuda_graphs: bool | None = None, compile_graphs: bool = False):
+        """``cuda_graphs`` (default: on for CUDA devices): batches of the code predictor replay a
+        CUDA graph (runners/transformers/code_predictor_graph.py) instead of ~75 eager forwards;
+        ``compile_graphs``: of its torch.compile'd decoder (``StageConfig.compile_graphs``)."""
         self.model = talker
         self.embed_text = text_embedding
         self.cfg = config                 # Qwen3OmniMoeConfig
@@ -137,7 +138,8 @@ class TalkerInputs:
         if cuda_graphs:
             from omni_ray.runners.transformers.code_predictor_graph import CodePredictorGraphs
 
-            self.cp_graphs = CodePredictorGraphs(talker, device, self.tts_pad.dtype)
+            self.cp_graphs = CodePredictorGraphs(talker, device, self.tts_pad.dtype,
+                                                 compile=compile_graphs)
 
     def warm_up(self, max_batch: int) -> None:
         """Capture the code predictor's CUDA graphs (greedy and sampled) for batches up to

@@ -80,13 +80,13 @@ class VllmTalkerRunner(TalkerRequests):
                                              "kv_cache_memory_bytes": 256 << 20})
         return cls(model_dir, tk.module, tk.text_embedding, tk.config, dtype=stage_cfg.dtype,
                    device=stage_cfg.device, max_num_seqs=stage_cfg.max_num_seqs,
-                   engine_kwargs=kwargs)
+                   engine_kwargs=kwargs, compile_graphs=stage_cfg.compile_graphs)
 
     def __init__(self, model_dir: str | os.PathLike, talker, text_embedding, config, *,
                  dtype: str = "float32", device: str = "cpu", max_num_seqs: int = 64,
                  max_model_len: int = 4096, gpu_memory_utilization: float = 0.2,
                  enforce_eager: bool = False, batch_code_predictor: bool | None = None,
-                 engine_kwargs: dict | None = None):
+                 engine_kwargs: dict | None = None, compile_graphs: bool = False):
         """``talker`` / ``text_embedding`` / ``config``: transformers' talker module (its backbone
         layers are dropped here: vLLM holds its own copy), the thinker's token embedding table and
         the checkpoint's ``Qwen3OmniMoeConfig``, as ``load_stage(model_dir, "talker")`` gives
@@ -104,7 +104,8 @@ class VllmTalkerRunner(TalkerRequests):
         talker.model.layers = torch.nn.ModuleList()  # vLLM runs the backbone
         self.cfg = config
         self.device = device
-        self.inputs = TalkerInputs(talker, text_embedding, config, device)
+        self.inputs = TalkerInputs(talker, text_embedding, config, device,
+                                   compile_graphs=compile_graphs)
         self.num_code_groups = self.inputs.num_code_groups
         self.max_num_seqs = max_num_seqs
         self._dir = tempfile.TemporaryDirectory(prefix="omni_ray_talker_")
