@@ -66,15 +66,22 @@ class StageConfig(BaseModel):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict,
                                           description="passed through to the backend (vLLM)")
     default_sampling: SamplingParams | None = None
-    compile_graphs: bool = Field(
-        True, description="CUDA: the PyTorch parts a stage runs in its own CUDA graphs (the "
+    compile_graphs: bool | None = Field(
+        None, description="CUDA: the PyTorch parts a stage runs in its own CUDA graphs (the "
                           "talker's code predictor) are torch.compile'd first, for fused kernels "
                           "(compiled at start, cached on disk); false: eager kernels in the "
-                          "graphs. No effect on CPU")
+                          "graphs. Unset: on for bfloat16/float16, off for float32 (bit-equal "
+                          "to the eager path, as the exactness checks need). No effect on CPU")
     engine_resources: EngineResources = Field(default_factory=EngineResources)
     engine_restart: EngineRestartConfig = Field(default_factory=EngineRestartConfig)
     deployment_config: dict[str, Any] = Field(
         default_factory=dict, description="passed through to serve.deployment (num_replicas, ...)")
+
+    @model_validator(mode="after")
+    def _compile_by_dtype(self) -> "StageConfig":
+        if self.compile_graphs is None:
+            self.compile_graphs = self.dtype != "float32"
+        return self
 
     @field_validator("deployment_config")
     @classmethod
