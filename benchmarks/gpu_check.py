@@ -502,6 +502,7 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
             (dict(t0_s=round(r["start"] - t_first, 3), ttfa_s=r["ttfa"], rtf=r["rtf"])
              for r in run["requests"]), key=lambda r: r["t0_s"])
         lv["ttfa_requests"] = run.get("ttfa_requests")
+        lv["ttfa_requests_missing"] = run.get("ttfa_requests_missing")
         bd = lv["ttfa_breakdown"] = run.get("ttfa_breakdown") or {}
         from benchmarks.timeline import SEGMENTS
 

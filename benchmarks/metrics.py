@@ -77,12 +77,15 @@ class RequestRecord:
     prompt_tokens: int | None = None
     finish_reason: str | None = None
     error: str | None = None
+    request_id: str | None = None  # the chunks' ``id``: the app's request id (its timeline's)
 
     def on_event(self, event: dict | str, now: float) -> None:
         """Fold one parsed SSE event (``parse_sse_line``'s output) in, received at ``now``."""
         if event == DONE:
             self.end = now
             return
+        if self.request_id is None and event.get("id"):
+            self.request_id = event["id"]
         if "error" in event:
             err = event["error"]
             self.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
@@ -151,7 +154,8 @@ class RequestRecord:
                     audio_seconds=self.audio_seconds,
                      rtf=self.rtf, e2e=self.e2e, output_tokens=self.completion_tokens,
                      ok=self.ok, **{k: raw[k] for k in ("audio_packets", "finish_reason",
-                                                         "error", "text", "prompt_tokens")})
+                                                         "error", "text", "prompt_tokens",
+                                                         "request_id")})
 
 
 def percentile(values: list[float], q: float) -> float:

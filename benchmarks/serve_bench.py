@@ -142,23 +142,33 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
             print(summary_line(label, kind, value, summary), flush=True)
             results.append(dict(label=label, load=kind, value=value, summary=asdict(summary),
                                 requests=[r.summary() for r in recs],
-                                **await ttfa_breakdown(url, len(batch)),
+                                **await ttfa_breakdown(url, [r.request_id for r in recs]),
                                 step_profile=step_profile.diff(
                                     stats_before,
                                     await asyncio.to_thread(step_profile.fetch, url), wall)))
     return results
 
 
-async def ttfa_breakdown(url: str, n: int) -> dict:
-    """The app's milestones of the level's ``n`` requests (the last ``n`` it finished: nothing
-    else may use the app meanwhile) split into stages and hops: ``ttfa_breakdown`` (stats per
-    segment) and ``ttfa_requests`` (each request's segments); None when /debug is off."""
+async def ttfa_breakdown(url: str, request_ids: list[str | None]) -> dict:
+    """The app's milestones of the level's requests (by id: an ingress notes a request once
+    its stream has closed, which may come just after the client saw ``[DONE]``, so it waits up
+    to ~5 s for them) split into stages and hops: ``ttfa_breakdown`` (stats per segment),
+    ``ttfa_requests`` (each request's segments), ``ttfa_requests_missing``; None when /debug
+    is off."""
     from benchmarks import timeline
 
-    reqs = await asyncio.to_thread(timeline.fetch, url, n)
-    if reqs is None:
-        return dict(ttfa_breakdown=None, ttfa_requests=None)
-    return dict(ttfa_breakdown=timeline.breakdown(reqs), ttfa_requests=timeline.per_request(reqs))
+    want = {i for i in request_ids if i}
+    got: list[dict] = []
+    for _ in range(10):
+        reqs = await asyncio.to_thread(timeline.fetch, url, min(1024, max(64, 4 * len(want))))
+        if reqs is None:
+            return dict(ttfa_breakdown=None, ttfa_requests=None, ttfa_requests_missing=None)
+        got = [r for r in reqs if r["request_id"] in want]
+        if len(got) >= len(want):
+            break
+        await asyncio.sleep(0.5)
+    return dict(ttfa_breakdown=timeline.breakdown(got), ttfa_requests=timeline.per_request(got),
+                ttfa_requests_missing=len(want) - len(got))
 
 
 def requests_per_level(args, concurrency: int) -> int:

@@ -147,7 +147,7 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
             assert LEVEL_KEYS <= set(lv) and lv["num_ok"] == lv["num_requests"] == 2
             assert [r["t0_s"] for r in lv["requests"]] == sorted(r["t0_s"] for r in lv["requests"])
             assert len(lv["requests"]) == 2 and all(r["ttfa_s"] > 0 for r in lv["requests"])
-            assert len(lv["ttfa_requests"]) == 2  # each request's segments, from the app
+            assert len(lv["ttfa_requests"]) == 2 and lv["ttfa_requests_missing"] == 0  # by id
             assert all(r["ingress first audio"] > 0 for r in lv["ttfa_requests"])
         assert ("poisson" in serve) is (name == "gpu_serve.json")  # open loop: the base only
     assert serve["setup"]["pipeline"]["first_chunks_first"] is False  # the variant's args

@@ -271,3 +271,18 @@ def test_engine_in_another_process_refuses_media_naming_why(tiny_model_dir):
     runner._mm_ids = {151675, 151655, 151656}
     with pytest.raises(ValueError, match="another process"):
         runner._media_prompt("r", [1, 151675, 151675, 2], None)
+
+
+def test_kernel_warmup_runs_prefill_sizes_and_changes_no_answer(vllm_runner, hf_runner, prompts):
+    """``runners/vllm/kernel_warmup.py`` (run at start on a GPU): dummy forwards at every
+    prefill size bucket through the engine's workers; the engine's answers stay the same."""
+    from omni_ray.runners.vllm.kernel_warmup import prefill_sizes, warm_kernels
+
+    assert prefill_sizes(100) == [16, 17, 24, 25, 32, 33, 48, 49, 64, 65, 96, 97, 100]
+    reqs = {f"p{i}": (p, 6, None) for i, p in enumerate(prompts)}
+    engine = vllm_runner.engine
+    max_tokens = engine.vllm_config.scheduler_config.max_num_batched_tokens
+    seconds = warm_kernels(engine, "thinker")
+    assert seconds is not None and seconds > 0, "the warm-up failed (see the log)"
+    assert max(prefill_sizes(max_tokens)) == max_tokens
+    assert run(vllm_runner, reqs) == run(hf_runner, reqs)

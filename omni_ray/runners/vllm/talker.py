@@ -145,6 +145,9 @@ class VllmTalkerRunner(TalkerRequests):
         model.omni_bridge = self._bridge
         scheduler.omni_ready = self._bridge.ready
         self._positions_hook(model_runner)
+        from omni_ray.runners.vllm.kernel_warmup import warm_kernels_on_gpu
+
+        warm_kernels_on_gpu(self.engine, "talker")  # prefill shapes' kernels now, not in traffic
         self.inputs.warm_up(max_num_seqs)
         self._seqs: dict[str, TalkerSeq] = {}
         self._internal: dict[str, str] = {}  # our request id -> vLLM's, once added to vLLM

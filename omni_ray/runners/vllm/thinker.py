@@ -138,6 +138,9 @@ class VllmThinkerRunner:
 
         with _no_torch_compile_on_cpu(args["enforce_eager"]), shared_workspace():
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
+        from omni_ray.runners.vllm.kernel_warmup import warm_kernels_on_gpu
+
+        warm_kernels_on_gpu(self.engine, "thinker")  # prefill shapes' kernels now, not in traffic
         self._prompt_lens: dict[str, int] = {}  # running request id -> prompt length
         self._first: dict[str, int] = {}  # prefilled elsewhere: the token to emit first
         self._done_early: list[ThinkerStepOutput] = []  # prefilled requests that end at once
