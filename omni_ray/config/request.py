@@ -14,6 +14,9 @@ Modality = Literal["text", "audio"]
 
 
 # Request ids of the ingress's warm-up requests (ingress/warmup.py); engines count them.
+# ``add_request``'s ``downstream`` when the next stage's engine is not known yet: the stage opens
+# at once and buffers its chunks until ``attach(request_id, engine)`` (stages/engine.py).
+DOWNSTREAM_LATER = "downstream-later"
 WARMUP_ID_PREFIX = "warmup-"
 # Warm-up requests for the stages' standby engines (stages/supervisor.py, ingress/warmup.py).
 STANDBY_WARMUP_ID_PREFIX = WARMUP_ID_PREFIX + "standby-"

@@ -81,11 +81,11 @@ class DisaggPipelineClient(PipelineClient):
         ``failed_at``, ``error``, ``fallback`` and the seconds of each step)."""
         return {**self.transfers.stats(), "recent": list(self.transfers.recent)[-RECENT_IN_STATS:]}
 
-    async def _open_thinker(self, req: OmniRequest, downstream, gens: list) -> None:
+    async def _open_thinker(self, req: OmniRequest, downstream, gens: list):
         t = self.transfers.start(req.request_id)
         try:
-            await self._handoff(req, downstream, gens, t, self._faults.get(req.request_id,
-                                                                           _NO_FAULT))
+            return await self._handoff(req, downstream, gens, t,
+                                       self._faults.get(req.request_id, _NO_FAULT))
         except KVHandoffFailed as e:
             if not (self.cfg.fallback == "local_prefill" and e.fallback_safe):
                 raise StageError("thinker", f"KV hand-off failed at {t.failed_at.name}: "
@@ -93,7 +93,7 @@ class DisaggPipelineClient(PipelineClient):
             logger.warning("request %s: KV hand-off failed at %s (%s); prefilling locally",
                            req.request_id, t.failed_at.name, t.error)
             t.fallback = True
-            await super()._open_thinker(req, downstream, gens)
+            return await super()._open_thinker(req, downstream, gens)
         except BaseException as e:  # cancelled, client gone, injected abort, refused
             if not t.terminal:
                 t.abort(f"{type(e).__name__}: {e}")
@@ -102,7 +102,8 @@ class DisaggPipelineClient(PipelineClient):
             self.transfers.finish(t)
 
     async def _handoff(self, req: OmniRequest, downstream, gens: list, t: KVTransfer,
-                       fault: KVFault) -> None:
+                       fault: KVFault):
+        """The hand-off; the decode engine's handle."""
         rid, to = req.request_id, self.cfg.timeouts
         loop = asyncio.get_running_loop()
         pre = th = handle = ev = None
@@ -140,6 +141,7 @@ class DisaggPipelineClient(PipelineClient):
             gens.append(("thinker", th))
             th = None
             self._abort_if(fault, t)
+            return engine
         finally:
             handle = ev = None  # tracebacks keep frames alive: never let one pin the object
             if pre is not None:

@@ -1,8 +1,11 @@
 """Route one request through the stage deployments and merge their output streams.
 
-The ingress owns the request's lifecycle: ``open`` opens the stages from the last to the first
-(each ``open`` returns the replica's engine handle, which the upstream stage pushes chunks to) and
-fails before any output when a stage rejects the request; the returned ``PipelineStream`` merges
+The ingress owns the request's lifecycle: ``open`` opens every stage at once (each ``open``
+returns its replica's engine handle), the thinker and the talker with ``DOWNSTREAM_LATER``, then
+attaches each to the next stage's engine (their first chunks wait for it, the thinker's prefill
+does not); it fails before any output when a stage rejects the request (the earliest stage in
+code2wav, talker, thinker order names the error, as when they opened one after another); the
+returned ``PipelineStream`` merges
 the thinker's text and code2wav's audio into one stream. On any error, cancel or client
 disconnect every stage call is cancelled, which aborts the request in each engine.
 """
@@ -12,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from omni_ray.config.request import OmniRequest
+from omni_ray.config.request import DOWNSTREAM_LATER, OmniRequest
 from omni_ray.exceptions import EngineUnavailable
 from omni_ray.payload import decode_chunk
 
@@ -53,30 +56,45 @@ class PipelineClient:
     async def open(self, req: OmniRequest) -> "PipelineStream":
         """Open every stage the request needs. Raises ``ValueError`` (invalid input),
         ``StageUnavailable`` or ``StageError``; nothing stays open when it raises."""
-        gens = []
+        gens: list = []
+        thinker = None
         try:
-            downstream = None
-            if req.wants_audio:
-                later = req.without_media()  # the encoders' inputs go to the thinker only
-                c2w = self.code2wav.options(stream=True).open.remote(later, None)
-                gens.append(("code2wav", c2w))
-                c2w_engine = await _first(c2w, "code2wav")
-                tk = self.talker.options(stream=True).open.remote(later, c2w_engine)
-                gens.append(("talker", tk))
-                downstream = await _first(tk, "talker")
-            await self._open_thinker(req, downstream, gens)
+            if not req.wants_audio:
+                await self._open_thinker(req, None, gens)
+                return PipelineStream(gens)
+            later = req.without_media()  # the encoders' inputs go to the thinker only
+            c2w = self.code2wav.options(stream=True).open.remote(later, None)
+            gens.append(("code2wav", c2w))
+            tk = self.talker.options(stream=True).open.remote(later, DOWNSTREAM_LATER)
+            gens.append(("talker", tk))
+            thinker = asyncio.ensure_future(self._open_thinker(req, DOWNSTREAM_LATER, gens))
+            opened = await asyncio.gather(_first(c2w, "code2wav"), _first(tk, "talker"),
+                                          thinker, return_exceptions=True)
+            for result in opened:  # the first failure in stage order, as opened one by one
+                if isinstance(result, BaseException):
+                    raise result
+            c2w_engine, talker_engine, thinker_engine = opened
+            attached = await asyncio.gather(
+                talker_engine.attach.remote(req.request_id, c2w_engine),
+                thinker_engine.attach.remote(req.request_id, talker_engine))
+            if not all(attached):  # a stage dropped the request meanwhile (it failed there)
+                raise StageError("talker" if not attached[0] else "thinker",
+                                 "the request ended before its next stage was attached")
         except BaseException:
+            if thinker is not None and not thinker.done():
+                thinker.cancel()
             for _, g in gens:
                 _cancel(g)
             raise
         return PipelineStream(gens)
 
-    async def _open_thinker(self, req: OmniRequest, downstream, gens: list) -> None:
-        """Open the thinker (appending its call to ``gens``); the disaggregated client
-        (ingress/kv_client.py) replaces this with a prefill -> decode KV hand-off."""
+    async def _open_thinker(self, req: OmniRequest, downstream, gens: list):
+        """Open the thinker (appending its call to ``gens``); its engine handle. The
+        disaggregated client (ingress/kv_client.py) replaces this with a prefill -> decode KV
+        hand-off."""
         th = self.thinker.options(stream=True).open.remote(req, downstream)
         gens.append(("thinker", th))
-        await _first(th, "thinker")
+        return await _first(th, "thinker")
 
     async def run(self, req: OmniRequest) -> AsyncIterator[object]:
         """``open``, then the ``TextDelta`` and ``AudioChunk`` items as the stages make them."""

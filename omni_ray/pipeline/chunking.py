@@ -13,14 +13,21 @@ import torch
 from omni_ray.payload import CodecChunk, FinishReason, ThinkerChunk
 
 
+# The talker's prefill needs the first generated token and its first frame the next two (each
+# frame speaks one text token and needs the one after it: runners/transformers/talker_inputs.py),
+# so until this many tokens have gone, text goes at once whatever the interval.
+TALKER_FIRST_FRAME_TOKENS = 3
+
+
 class ThinkerChunker:
     """Per request: thinker step outputs -> ThinkerChunks (prompt rides on chunk 0)."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], mode: str,
                  mm_hidden: torch.Tensor | None = None, interval_s: float = 0.0,
                  clock=time.monotonic):
-        """``interval_s``: in async_chunk, a chunk goes at most this often (the first at once,
-        the last when the request finishes); tokens in between wait for the next."""
+        """``interval_s``: in async_chunk, a chunk goes at most this often (the first
+        ``TALKER_FIRST_FRAME_TOKENS`` tokens at once, the last when the request finishes);
+        tokens in between wait for the next."""
         self.request_id = request_id
         self.interval_s, self.clock = interval_s, clock
         self.sent_at = -float("inf")
@@ -30,6 +37,7 @@ class ThinkerChunker:
         self.audio_feature_lengths: torch.Tensor | None = None
         self.stream = mode == "async_chunk"
         self.seq = 0
+        self.sent_tokens = 0
         self.pending: list[int] = []
 
     def set_mm(self, hidden: torch.Tensor, image_grid_thw: torch.Tensor | None,
@@ -46,7 +54,8 @@ class ThinkerChunker:
         if not (self.stream or finished):
             return []
         first = self.seq == 0
-        if self.interval_s > 0 and not (first or finished) and (
+        eager = first or (self.pending and self.sent_tokens < TALKER_FIRST_FRAME_TOKENS)
+        if self.interval_s > 0 and not (eager or finished) and (
                 not self.pending or self.clock() - self.sent_at < self.interval_s):
             return []
         self.sent_at = self.clock()
@@ -59,6 +68,7 @@ class ThinkerChunker:
             audio_feature_lengths=self.audio_feature_lengths if first else None,
         )
         self.seq += 1
+        self.sent_tokens += len(self.pending)
         self.pending = []
         return [chunk]
 

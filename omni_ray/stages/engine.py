@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from omni_ray.config.request import WARMUP_ID_PREFIX, OmniRequest
+from omni_ray.config.request import DOWNSTREAM_LATER, WARMUP_ID_PREFIX, OmniRequest
 from omni_ray.metrics import EngineMetrics
 from omni_ray.payload import decode_chunk, encode_chunk
 from omni_ray.pipeline.build import build_stage_logic
@@ -46,6 +46,7 @@ class _ReqState:
     aborted: bool = False
     abort_started: bool = False  # abort() ran once: the stream's end and the replica's cancel
     claimed: bool = False  # a stream() reads it (else it is reaped after UNCLAIMED_S)
+    downstream_later: asyncio.Future | None = None  # set by attach() (DOWNSTREAM_LATER)
     t_added: float = field(default_factory=time.monotonic)
 
 
@@ -88,16 +89,13 @@ class StageEngine:
         return repr(self._dead)
 
     async def add_request(self, request: OmniRequest, downstream=None) -> None:
-        """Register a request; raises ValueError for invalid input (the caller maps it to 4xx)."""
+        """Register a request; raises ValueError for invalid input (the caller maps it to 4xx).
+        ``downstream``: the next stage's engine, None (no next stage), or ``DOWNSTREAM_LATER``
+        (its chunks wait for ``attach``)."""
         self._ensure_thread()
         rid = request.request_id
         self._check_new(rid)
-        sender = None
-        if downstream is not None:
-            sender = ChunkSender(downstream, self.pipeline.max_chunks_in_flight,
-                                 on_ack=self.metrics.on_chunk_acked,
-                                 on_error=lambda e: self._on_push_error(rid, e))
-        st = self._reqs[rid] = _ReqState(rid, asyncio.Queue(), sender)
+        st = self._reqs[rid] = self._new_state(rid, downstream)
         self.timeline.start(rid)
         if rid.startswith(WARMUP_ID_PREFIX):
             self.counters["warmups"] += 1
@@ -111,6 +109,27 @@ class StageEngine:
             self._post(lambda: self.logic.abort(rid))
             raise
         self._expect_stream(rid, st)
+
+    def _new_state(self, rid: str, downstream) -> _ReqState:
+        sender, later = None, None
+        if downstream is not None:
+            if downstream == DOWNSTREAM_LATER:
+                later = self._loop.create_future()
+            sender = ChunkSender(later or downstream, self.pipeline.max_chunks_in_flight,
+                                 on_ack=self.metrics.on_chunk_acked,
+                                 on_error=lambda e: self._on_push_error(rid, e),
+                                 attach_timeout_s=UNCLAIMED_S)
+        return _ReqState(rid, asyncio.Queue(), sender, downstream_later=later)
+
+    async def attach(self, request_id: str, downstream) -> bool:
+        """The next stage's engine for a request added with ``DOWNSTREAM_LATER``; its chunks
+        go there from now on. False if the request is gone here (aborted, failed, finished)."""
+        st = self._reqs.get(request_id)
+        fut = st.downstream_later if st is not None else None
+        if fut is None or fut.done():
+            return False
+        fut.set_result(downstream)
+        return True
 
     def _expect_stream(self, rid: str, st: _ReqState) -> None:
         """Abort the request if no ``stream()`` claims it within ``UNCLAIMED_S``. The replica

@@ -25,10 +25,9 @@ from omni_ray.metrics import EngineMetrics
 from omni_ray.payload import KVChunk
 from omni_ray.pipeline.emit import StageRequestError
 from omni_ray.pipeline.kv import DecodeThinkerLogic, PrefillLogic
-from omni_ray.stages.engine import StageEngine, _ReqState
+from omni_ray.stages.engine import StageEngine
 from omni_ray.testing import faults
 from omni_ray.transport.kv_ref import KVProgress, fetch_kv, put_kv
-from omni_ray.transport.ray_push import ChunkSender
 
 
 
@@ -149,12 +148,7 @@ class DecodeEngine(StageEngine):
         self._ensure_thread()
         rid = request.request_id
         self._check_new(rid)
-        sender = None
-        if downstream is not None:  # as StageEngine.add_request's: metrics and push errors
-            sender = ChunkSender(downstream, self.pipeline.max_chunks_in_flight,
-                                 on_ack=self.metrics.on_chunk_acked,
-                                 on_error=lambda e: self._on_push_error(rid, e))
-        st = self._reqs[rid] = _ReqState(rid, asyncio.Queue(), sender)
+        st = self._reqs[rid] = self._new_state(rid, downstream)
         slot = self._kv[rid] = _KVSlot(request, downstream is not None)
         wait_s = self.timeouts.transfer_s + self.timeouts.load_s
         slot.timer = self._loop.call_later(wait_s, self._expire, rid, slot)

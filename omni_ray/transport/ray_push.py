@@ -30,8 +30,12 @@ class ChunkSender:
 
     def __init__(self, downstream, max_in_flight: int = 8, *,
                  on_ack: Callable[[float, int], None] | None = None,
-                 on_error: Callable[[BaseException], None] | None = None):
+                 on_error: Callable[[BaseException], None] | None = None,
+                 attach_timeout_s: float = 5.0):
+        """``downstream``: the receiver, or a future of it (the chunks wait for it, at most
+        ``attach_timeout_s`` from the first; then the sender fails like a failed push)."""
         self.downstream = downstream
+        self.attach_timeout_s = attach_timeout_s
         self.max_in_flight = max_in_flight
         self._on_ack, self._on_error = on_ack, on_error
         self._queue: asyncio.Queue = asyncio.Queue()
@@ -78,6 +82,8 @@ class ChunkSender:
                 chunk = await self._queue.get()
                 if chunk is None:
                     break
+                if isinstance(self.downstream, asyncio.Future):  # the first chunk waits for it
+                    self.downstream = await self._attached(self.downstream)
                 if self.rejected:
                     continue
                 buf = encode_chunk(chunk)
@@ -93,6 +99,13 @@ class ChunkSender:
             self._drop_in_flight()
             if self._on_error is not None:
                 self._on_error(e)
+
+    async def _attached(self, fut: asyncio.Future):
+        try:
+            return await asyncio.wait_for(fut, self.attach_timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no next stage attached within {self.attach_timeout_s:g} s "
+                               "of the first chunk") from None
 
     def _push(self, buf) -> asyncio.Future:
         """Push one chunk; the returned future resolves to the receiver's answer."""

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omni_ray.payload import FinishReason
-from omni_ray.pipeline.chunking import CodecChunker, ThinkerChunker
+from omni_ray.pipeline.chunking import TALKER_FIRST_FRAME_TOKENS, CodecChunker, ThinkerChunker
 
 MODES = ("sync", "async_chunk")
 REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT)
@@ -54,27 +54,31 @@ def test_thinker_chunker_stream(steps, mode, reason):
                                 st.floats(0, 0.05)), min_size=1, max_size=20),
        interval=st.sampled_from([0.01, 0.02, 0.04]), reason=st.sampled_from(REASONS))
 def test_thinker_chunker_interval(steps, interval, reason):
-    """text_chunk_ms: the first chunk at once, then at most one chunk per interval (a chunk goes
-    as soon as a step comes after the interval), the last when the request finishes; every
-    token exactly once, in order."""
+    """text_chunk_ms: the first chunk, and every chunk until the talker has the tokens of its
+    first frame, at once; then at most one chunk per interval (a chunk goes as soon as a step
+    comes after the interval), the last when the request finishes; every token exactly once,
+    in order."""
     now = [0.0]
     chunker = ThinkerChunker("r", [1, 2, 3], "async_chunk", interval_s=interval,
                              clock=lambda: now[0])
-    chunks, sent_at = [], []
+    chunks, sent_at, eager_at = [], [], []
     for i, (ids, dt) in enumerate(steps):
         now[0] += dt
         last = i == len(steps) - 1
         out = chunker.add(ids, last, reason if last else FinishReason.NONE)
         held = [t for s_ids, _ in steps[:i + 1] for t in s_ids][len(
             [t for c in chunks for t in c.token_ids]):]
-        due = (not chunks or last
-               or (held and now[0] - sent_at[-1] >= interval))
+        sent = len([t for c in chunks for t in c.token_ids])
+        eager = not chunks or (held and sent < TALKER_FIRST_FRAME_TOKENS)
+        due = eager or last or (held and now[0] - sent_at[-1] >= interval)
         assert len(out) == (1 if due else 0), (i, now[0], sent_at)
         chunks += out
         sent_at += [now[0]] * len(out)
+        eager_at += [eager] * len(out)
     _check_stream(chunks, reason)
     assert [t for c in chunks for t in c.token_ids] == [t for ids, _ in steps for t in ids]
-    assert all(b - a >= interval for a, b in zip(sent_at[:-1], sent_at[1:-1]))
+    assert all(b - a >= interval for a, b, e in zip(sent_at[:-1], sent_at[1:-1], eager_at[1:-1])
+               if not e)
 
 
 def test_thinker_chunker_mm_hidden_rides_on_chunk_zero():

@@ -303,14 +303,14 @@ def test_async_streams_each_edge_and_equals_sync():
     assert (order.index(("code2wav", "a", "AudioChunk", False))
             < order.index(("thinker", "a", "TextDelta", True)))
     # text_chunk_ms (the default): the same answers from fewer text pushes (the fakes are
-    # instant: the first token at once, the rest with the last)
+    # instant: the talker's first-frame tokens at once, one by one, the rest with the last)
     held = Run("async_chunk")
     assert held.pipeline_cfg.text_chunk_ms > 0
     for s, h in zip(out_sync, held.local.run(reqs)):
         assert s.text_ids == h.text_ids and s.finish_reason == h.finish_reason
         assert torch.equal(torch.cat(s.codes), torch.cat(h.codes))
         assert torch.equal(torch.cat(s.audio), torch.cat(h.audio))
-    assert [len(c.token_ids) for c in held.items("a", ThinkerChunk)] == [1, 7]
+    assert [len(c.token_ids) for c in held.items("a", ThinkerChunk)] == [1, 1, 1, 5]
     # "b" ends at max_audio_frames while its text goes on: late text is dropped
     b = out_async[1]
     assert torch.cat(b.codes).shape[0] == 4 and b.text_ids == expected_text(2, 3)

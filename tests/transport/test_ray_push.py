@@ -64,3 +64,40 @@ def test_failed_push_reports_once_and_does_not_hang():
     s, errors = asyncio.run(run())
     assert len(errors) == 1 and isinstance(errors[0], ConnectionError)
     assert s.done and s.in_flight == 0 and isinstance(s.error, ConnectionError)
+
+
+def test_a_later_downstream_gets_the_chunks_sent_before_it_came_in_order():
+    """``DOWNSTREAM_LATER`` (stages/engine.py): the sender holds a future of the receiver; the
+    chunks sent before it resolves wait, then go in order."""
+    async def run():
+        later = asyncio.get_running_loop().create_future()
+        s = ChunkSender(later, max_in_flight=2)
+        for i in range(3):
+            s.send(chunk(i))
+        await asyncio.sleep(0.05)
+        assert s.chunks_sent == 0  # waiting for the receiver
+        receiver = Downstream()
+        later.set_result(receiver)
+        s.send(chunk(3))
+        s.close()
+        await asyncio.wait_for(s.wait(), 5)
+        return s, receiver
+
+    s, receiver = asyncio.run(run())
+    assert s.chunks_sent == receiver.got == 4 and s.error is None
+
+
+def test_a_downstream_that_never_comes_fails_the_sender_after_the_first_chunk():
+    async def run():
+        errors = []
+        later = asyncio.get_running_loop().create_future()
+        s = ChunkSender(later, on_error=errors.append, attach_timeout_s=0.2)
+        await asyncio.sleep(0.3)  # nothing to send yet: no clock running
+        assert not s.done
+        s.send(chunk(0))
+        with pytest.raises(TimeoutError, match="no next stage attached within 0.2 s"):
+            await asyncio.wait_for(s.wait(), 5)
+        return errors
+
+    errors = asyncio.run(run())
+    assert len(errors) == 1 and isinstance(errors[0], TimeoutError)
