@@ -9,6 +9,7 @@ DEFAULT_MAX_TOKENS = 64           # text tokens from the thinker
 DEFAULT_MAX_AUDIO_FRAMES = 600    # codec frames, 80 ms each (48 s)
 DEFAULT_MODE = "async_chunk"      # stage delivery: the talker starts on the first text chunk
 DEFAULT_CODE2WAV_MODE = "stateful"  # chunked vocoding with carried state (as one-shot audio)
+DEFAULT_CODE2WAV_MAX_BATCH = 32   # requests per code2wav forward in bf16/fp16 (float32: 1, exact)
 MAX_SPEECH_INPUT_CHARS = 4096     # /v1/audio/speech's and omni-ray speak's input (OpenAI's limit)
 # Sampling a person would serve with (the CLI's --sample; the GPU yamls' default_sampling):
 SAMPLED_THINKER = dict(temperature=0.7, top_p=0.9)

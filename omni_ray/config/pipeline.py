@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from omni_ray.config.defaults import DEFAULT_CODE2WAV_MODE, DEFAULT_MODE
+from omni_ray.config.defaults import (DEFAULT_CODE2WAV_MAX_BATCH, DEFAULT_CODE2WAV_MODE,
+                                      DEFAULT_MODE)
 
 Mode = Literal["sync", "async_chunk"]
 
@@ -30,10 +31,14 @@ class PipelineConfig(BaseModel):
     first_chunks_first: bool = Field(
         True, description="code2wav decodes requests' first chunks in a step of their own, "
                           "before the later chunks of others (time to first audio under load)")
-    code2wav_max_batch: int = Field(
-        32, ge=1, le=1024,
+    code2wav_max_batch: int | None = Field(
+        None, ge=1, le=1024,
         description="code2wav decodes up to this many requests' chunks in one forward "
-                    "(stateful mode; equal to decoding each alone). 1: one forward per chunk")
+                    "(stateful mode). 1: one forward per chunk. Unset: "
+                    f"{DEFAULT_CODE2WAV_MAX_BATCH} where code2wav runs in bfloat16/float16, 1 in "
+                    "float32: a batched forward rounds the last float bits differently from a "
+                    "request's forward alone, and float32 is the exact reference (a request's "
+                    "audio never depends on its neighbours)")
     code2wav_mode: Literal["window", "stateful"] = Field(
         DEFAULT_CODE2WAV_MODE,
         description="stateful: carry attention/conv state, exact for any chunking (default); "
@@ -47,3 +52,9 @@ class PipelineConfig(BaseModel):
                     "The talker speaks ~12.5 tokens a second: fewer, larger pushes cost it less")
     max_chunks_in_flight: int = Field(8, ge=1, le=1024,
                                       description="per request and edge, before the sender waits")
+
+    def code2wav_batch(self, dtype: str) -> int:
+        """``code2wav_max_batch``, or its default for a code2wav in ``dtype`` ("float32", ...)."""
+        if self.code2wav_max_batch is not None:
+            return self.code2wav_max_batch
+        return 1 if dtype == "float32" else DEFAULT_CODE2WAV_MAX_BATCH

@@ -30,7 +30,7 @@ def wrap_runner(stage: str, runner, pipeline: PipelineConfig) -> StageLogic:
         return TalkerLogic(runner, pipeline, runner.num_code_groups)
     if stage == "code2wav":
         return Code2WavLogic(runner, first_chunks_first=pipeline.first_chunks_first,
-                             max_batch=pipeline.code2wav_max_batch)
+                             max_batch=pipeline.code2wav_batch(runner.dtype))
     raise ValueError(f"unknown stage {stage!r}; expected one of {list(STAGES)}")
 
 

@@ -6,8 +6,9 @@ does not wait behind the 25-frame chunks of every request already playing (they 
 hand). Each request's chunks still decode in order, so the audio is the same.
 
 The chunks of a step decode in rounds: round r holds each request's r-th pending chunk, at most
-``max_batch`` requests, and is one batched forward (``decode_many``; in stateful mode equal to
-decoding each alone). Under load that is one forward for all streams instead of one per stream.
+``max_batch`` requests, and is one batched forward (``decode_many``; in stateful mode the same
+math as decoding each alone, up to float rounding: ``PipelineConfig.code2wav_batch`` keeps
+float32 at one request a forward). Under load that is one forward for all streams, not one each.
 """
 
 from __future__ import annotations

@@ -96,6 +96,7 @@ class TalkerRunnerProtocol(Protocol):
 class Code2WavRunnerProtocol(Protocol):
     """Vocoder: codec frames in, waveform samples out, per request and in order."""
 
+    dtype: str  # its weights' ("float32", "bfloat16", ...): PipelineConfig.code2wav_batch
     def add_request(self, request_id: str) -> None: ...
     def decode_many(self, items: list[tuple[str, torch.Tensor]]
                     ) -> list[tuple[int, torch.Tensor] | Exception]: ...

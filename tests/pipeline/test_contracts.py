@@ -86,4 +86,4 @@ def test_the_contracts_hold_what_the_logic_calls():
         "num_code_groups", "add_request", "push_text", "has_ready", "step", "abort",
         "num_requests"}
     assert set(members(Code2WavRunnerProtocol)) == {
-        "add_request", "decode_many", "finish", "abort", "num_requests"}
+        "dtype", "add_request", "decode_many", "finish", "abort", "num_requests"}

@@ -169,6 +169,8 @@ class FakeTalker:
 class FakeCode2Wav:
     """``SAMPLES_PER_FRAME`` samples per frame, each the frame's group-0 code."""
 
+    dtype = "float32"
+
     def __init__(self):
         self.reqs: dict[str, int] = {}
         self.fail: set[str] = set()
@@ -523,6 +525,23 @@ def test_code2wav_batches_one_chunk_per_request_per_forward_and_a_failure_stays_
     assert failed.runner.batches == [["a", "b"], ["c"], ["a"]]  # b's later chunk is dropped
     assert torch.equal(torch.cat([a.samples for a in out["a"]]),
                        torch.cat([a.samples for a in alone["a"]]))
+
+
+@pytest.mark.parametrize("dtype, setting, want", [
+    ("float32", None, 1), ("bfloat16", None, 32), ("float16", None, 32),
+    ("float32", 8, 8), ("bfloat16", 1, 1)])
+def test_code2wav_batch_default_follows_the_dtype(dtype, setting, want):
+    """Unset ``code2wav_max_batch``: batched forwards where the vocoder runs in bf16/fp16, one
+    request a forward in float32 (the exact reference: a batched forward rounds differently, so
+    a request's audio would depend on its neighbours); a set value wins. ``wrap_runner`` asks the
+    runner for its dtype."""
+    from omni_ray.pipeline.build import wrap_runner
+
+    pipeline = PipelineConfig(code2wav_max_batch=setting)
+    assert pipeline.code2wav_batch(dtype) == want
+    runner = FakeCode2Wav()
+    runner.dtype = dtype
+    assert wrap_runner("code2wav", runner, pipeline).max_batch == want
 
 
 # -- the disaggregated thinker (pipeline/kv.py) ------------------------------------------------

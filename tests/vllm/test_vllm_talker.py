@@ -241,6 +241,19 @@ def test_registered_through_vllms_plugin_entry_point():
     assert TALKER_ARCHITECTURE in ModelRegistry.get_supported_archs()
 
 
+def test_kernel_warmup_goes_through_the_bridge_and_changes_no_frame(talker, hf_talker,
+                                                                    thinker_out):
+    """The talker's warm-up forwards (run at start on a GPU) carry no request of ours: the
+    bridge lets them through, and the frames afterwards are still transformers' own."""
+    from omni_ray.runners.vllm.kernel_warmup import warm_kernels
+
+    assert warm_kernels(talker.engine, "talker") is not None, "the warm-up failed (see the log)"
+    ref, _ = _drive(hf_talker, thinker_out)
+    got, _ = _drive(talker, thinker_out)
+    for rid in ref:
+        assert torch.equal(got[rid], ref[rid]), rid
+
+
 def test_all_vllm_pipeline_equals_transformers(hf_omni, tiny_model_dir):
     """Thinker and talker both on vLLM (two engines in one process), both modes. Last in this
     file: engines in one process share vLLM's process-wide parallel state, which the first
@@ -254,16 +267,3 @@ def test_all_vllm_pipeline_equals_transformers(hf_omni, tiny_model_dir):
             assert_same_answers(pipeline_run(hf_omni, mode), pipeline_run(omni, mode))
     finally:
         omni.shutdown()
-
-
-def test_kernel_warmup_goes_through_the_bridge_and_changes_no_frame(talker, hf_talker,
-                                                                    thinker_out):
-    """The talker's warm-up forwards (run at start on a GPU) carry no request of ours: the
-    bridge lets them through, and the frames afterwards are still transformers' own."""
-    from omni_ray.runners.vllm.kernel_warmup import warm_kernels
-
-    assert warm_kernels(talker.engine, "talker") is not None, "the warm-up failed (see the log)"
-    ref, _ = _drive(hf_talker, thinker_out)
-    got, _ = _drive(talker, thinker_out)
-    for rid in ref:
-        assert torch.equal(got[rid], ref[rid]), rid

@@ -51,6 +51,8 @@ class Code2WavRunner:
         self.ctx = left_context_frames
         self.device = device
         self.samples_per_frame = int(code2wav.total_upsample)
+        # "float32", "bfloat16", ...: the batching default follows it (PipelineConfig.code2wav_batch)
+        self.dtype = str(next(code2wav.parameters()).dtype).removeprefix("torch.")
         self._reqs: dict[str, _Req] = {}
         self._stream = None
         if mode == "stateful":
@@ -110,8 +112,8 @@ class Code2WavRunner:
     def decode_many(self, items: list[tuple[str, torch.Tensor]]
                     ) -> list[tuple[int, torch.Tensor] | Exception]:
         """Several requests' new frames, at most one entry per request: ``decode`` of each, in
-        one right-padded forward when stateful (``StreamingCode2Wav.decode_batch``, equal to
-        decoding each alone), one after another in window mode. An entry that fails is its
+        one right-padded forward when stateful (``StreamingCode2Wav.decode_batch``: decoding each
+        alone, up to float rounding), one after another in window mode. An entry that fails is its
         exception instead of (start, samples): a batched forward that fails changed no state
         and is retried one request at a time, so only a request that fails alone fails."""
         rids = [rid for rid, _ in items]
