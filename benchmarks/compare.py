@@ -7,7 +7,9 @@ machine hits every setup alike):
   streaming (TTFT / TTFA = first text / audio SSE packet);
 * ``offline-async`` / ``offline-sync``: ``omni_ray.Omni`` in this process (same runners, no Ray);
 * ``transformers``: ``Qwen3OmniMoeForConditionalGeneration.generate()`` (what a user runs without
-  a server; no streaming, so its TTFT = TTFA = end-to-end).
+  a server; no streaming, so its TTFT = TTFA = end-to-end);
+* on request (``--setups``): ``serve-async-peritem``, the Serve app with ``stream_interval_ms: 0``
+  (the engines send every item to the ingress alone), the A of that setting's A/B.
 
 The offline runs are instrumented from the outside (``StageClock``) to split their time into
 thinker steps, talker steps (of which the code predictor), code2wav decodes and codec hops. A
@@ -40,7 +42,10 @@ from benchmarks.serve_bench import FIXED_PROMPTS
 from benchmarks.stage_clock import StageClock
 
 SETUPS = ("serve-async", "serve-sync", "offline-async", "offline-sync", "transformers")
-SERVE_SETUP = {"serve-async": "tiny-async", "serve-sync": "tiny-sync"}
+# On request only: serve-async-peritem, the Serve app with stream_interval_ms 0 (an A/B)
+EXTRA_SETUPS = ("serve-async-peritem",)
+SERVE_SETUP = {"serve-async": "tiny-async", "serve-sync": "tiny-sync",
+               "serve-async-peritem": "tiny-peritem-async"}
 OFFLINE_MODE = {"offline-async": "async_chunk", "offline-sync": "sync"}
 STAGES = ("thinker.step", "talker.step", "talker.code_predictor", "code2wav.decode", "codec_hop")
 SPEAKER = "ethan"
@@ -53,19 +58,30 @@ class Offline:
     """Both offline modes, their stages timed by one clock (requests run one at a time)."""
 
     def __init__(self, model_dir: str, modes: list[str]):
-        import omni_ray.offline as offline_mod
         from omni_ray.offline import Omni
 
         self.clock = StageClock()
-        offline_mod.send_local = self.clock.timed(offline_mod.send_local, "codec_hop")
         self.omni = {}
         for mode in modes:
             o = Omni(model_dir, mode=mode)
             self.clock.wrap(o.thinker, "step", "thinker.step")
             self.clock.wrap(o.talker, "step", "talker.step")
-            self.clock.wrap(o.talker, "_residual_codes", "talker.code_predictor")
-            self.clock.wrap(o.code2wav, "decode", "code2wav.decode")
+            for attr in ("_residual_codes", "_residual_codes_batch"):  # one request / batched
+                self.clock.wrap(o.talker, attr, "talker.code_predictor")
+            self.clock.wrap(o.code2wav, "decode_many", "code2wav.decode")
+            self._time_hops(o)
             self.omni[mode] = o
+
+    def _time_hops(self, omni) -> None:
+        """Every chunk the local pipeline carries between stages (its wire-codec transport)."""
+        build = omni.local_pipeline
+
+        def local_pipeline():
+            pipe = build()
+            pipe.transport = self.clock.timed(pipe.transport, "codec_hop")
+            return pipe
+
+        omni.local_pipeline = local_pipeline
 
     def run(self, mode: str, prompt: str, max_tokens: int, frames: int,
             modalities: tuple[str, ...] = ("text", "audio")) -> dict:
@@ -208,6 +224,9 @@ def ratios(results: dict) -> tuple[dict, list[dict]]:
     for mode in ("async", "sync"):
         r = ratio(f"serve-{mode}", f"offline-{mode}", "e2e")
         out[f"serve_overhead_pct_{mode}"] = None if r is None else (r - 1) * 100
+    for metric in ("ttft", "ttfa", "e2e"):  # the stream_interval_ms A/B, when it ran
+        out[f"{metric}_serve-async_over_peritem"] = ratio("serve-async", "serve-async-peritem",
+                                                          metric)
     for s in SETUPS[:-1]:
         for metric in ("ttfa", "e2e"):
             out[f"{metric}_{s}_over_transformers"] = ratio(s, "transformers", metric)
@@ -302,7 +321,7 @@ def plot(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, metric in zip(axes, ("ttfa", "e2e")):
         vals = [p50(results, s, metric) or 0.0 for s in setups]
-        ax.bar(setups, vals, color=["C0", "C1", "C2", "C3", "C7"][:len(setups)])
+        ax.bar(setups, vals, color=["C0", "C1", "C2", "C3", "C7", "C4"][:len(setups)])
         ax.set_title(f"{metric.upper()} p50 (s), concurrency 1")
         ax.tick_params(axis="x", rotation=20)
         ax.grid(axis="y", alpha=0.3)
@@ -333,7 +352,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.torch_threads)
     setups = [s for s in args.setups.split(",") if s]
-    unknown = set(setups) - set(SETUPS)
+    unknown = set(setups) - set(SETUPS) - set(EXTRA_SETUPS)
     if unknown:
         raise SystemExit(f"unknown setup(s) {sorted(unknown)}; known: {list(SETUPS)}")
     before = machine_info()

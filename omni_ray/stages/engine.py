@@ -8,8 +8,9 @@ asyncio loop, and the two talk through a command queue and ``call_soon_threadsaf
 
 Streaming convention of ``stream(request_id)``: yields lists of encoded payload chunks
 (``TextDelta`` from the thinker, ``AudioChunk`` from code2wav, nothing from the talker), each list
-everything queued when the reader came back (one item while it keeps up, several under load: one
-Ray item per batch, not per token), and ends after the request's final item; a failed request
+everything queued when the reader came back, at most one list per ``stream_interval_ms`` (the
+first item at once: one Ray item per batch of tokens, not per token), and ends after the
+request's final item; a failed request
 raises ``StageRequestError`` from the generator instead, after the items queued before it.
 """
 
@@ -163,10 +164,16 @@ class StageEngine:
         if st is None:
             raise KeyError(f"unknown request {request_id!r}")
         st.claimed = True
+        interval = self.pipeline.stream_interval_ms / 1000
         try:
-            done = False
+            done, last = False, None
             while not done:
                 items, batch = [await st.out.get()], []
+                ends = items[0] is _END or isinstance(items[0], BaseException)
+                if last is not None and not ends:  # the first item, and the end, go at once
+                    wait = last + interval - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
                 while not st.out.empty():
                     items.append(st.out.get_nowait())
                 for item in items:
@@ -180,6 +187,7 @@ class StageEngine:
                     batch.append(item)
                 if batch:
                     yield batch
+                    last = time.monotonic()
             if st.sender is not None and not st.aborted:
                 await st.sender.wait()  # every push acknowledged: no ref outlives the request
         finally:
