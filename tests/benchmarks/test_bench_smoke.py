@@ -180,3 +180,17 @@ def test_mixed_prompts_span_their_range_log_uniformly_and_repeat_with_the_seed()
     assert 150 < short < 250, short
     assert make_prompts("mixed", 400, 0, seed=3, len_range=(32, 2000)) == ps
     assert [len(p.split()) for p in make_prompts("random", 3, 7, seed=0)] == [7, 7, 7]
+
+
+# -- compare.py's instruments on the real offline pipeline ----------------------------------------
+def test_compare_times_every_offline_stage(tiny_model_dir):
+    """``compare.Offline`` wraps the runners' methods and the local pipeline's hops by name:
+    when the pipeline core moves them, every stage must still be timed (not silently zero)."""
+    from benchmarks.compare import STAGES, Offline
+
+    off = Offline(tiny_model_dir, ["async_chunk"])
+    res = off.run("async_chunk", "Hello there.", max_tokens=6, frames=6)
+    assert res["output_tokens"] == 6 and res["audio_seconds"] > 0
+    calls = res["stage_calls"]
+    assert all(calls.get(s, 0) > 0 for s in STAGES), calls
+    assert calls["codec_hop"] >= calls["code2wav.decode"]
