@@ -170,7 +170,8 @@ class StageEngine:
             while not done:
                 items, batch = [await st.out.get()], []
                 ends = items[0] is _END or isinstance(items[0], BaseException)
-                if last is not None and not ends:  # the first item, and the end, go at once
+                if last is not None and not ends:  # the first list at once; an end found
+                    # first (nothing else queued) too
                     wait = last + interval - time.monotonic()
                     if wait > 0:
                         await asyncio.sleep(wait)
