@@ -24,6 +24,7 @@ summary; exit 1 on any FAIL.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import operator
@@ -158,15 +159,17 @@ def make_checkpoint(kind: str, out: Path, shape: str | None = None, processor: b
     return str(make(out, processor=False, **kw)), False
 
 
-def timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool
-                ) -> tuple[ServeRun | None, dict]:
-    """``serve run`` on ``cfg``, timed to ``/health`` OK and to one answered chat request with
-    audio (thinker, talker and code2wav all serving; engines load one after another); the
-    running ServeRun (the caller stops it), or None and the error with the log's tail."""
+def timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool,
+                env: dict | None = None) -> tuple[ServeRun | None, dict]:
+    """``serve run`` on ``cfg`` (``env`` added to its environment), timed to ``/health`` OK and
+    to one answered chat request with audio (thinker, talker and code2wav all serving; engines
+    load one after another); the running ServeRun (the caller stops it), or None and the error
+    with the log's tail."""
     out = chk.args.out
     cpu_env = {"OMP_NUM_THREADS": "1", "RAY_memory_monitor_refresh_ms": "0"}
     sr = ServeRun(write_config(cfg, out / "configs" / f"{tag}.yaml"), out / "logs" / f"{tag}.log",
-                  ray_stop=ray_stop, env=cpu_env if chk.args.device == "cpu" else None)
+                  ray_stop=ray_stop,
+                  env={**(cpu_env if chk.args.device == "cpu" else {}), **(env or {})})
     sr.__enter__()
     try:
         healthy = sr.wait_healthy(url, start_timeout(chk))
@@ -447,16 +450,31 @@ def standin_variant(chk: Check, base_cfg: dict, name: str, overrides: dict,
         return
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    overrides = dict(overrides)
+    mps = bool(overrides.pop("mps", False))  # not an app arg: the GPU shared through MPS
     cfg = with_overrides(base_cfg, overrides)
     cfg["http_options"]["port"] = port
-    sr, st = timed_start(chk, cfg, f"standin_{name}", url, chk.args.ray_stop)
-    chk.data["phases"].setdefault("standin_ab", {})[name] = dict(overrides=overrides, start=st)
-    if sr is None:
-        chk.line("FAIL", f"standin {name} start", st["error"], log_tail=st["log_tail"])
-        return
-    with sr:
-        chk.line("PASS", f"standin {name} start", f"healthy {st['healthy_s']}s ({overrides})")
-        levels = serve_bench(chk, url, chk.data["phases"]["standin"]["shape"], st, cfg, tag=name)
+    chk.data["phases"].setdefault("standin_ab", {})[name] = dict(overrides=overrides, mps=mps)
+    with contextlib.ExitStack() as stack:
+        env = None
+        if mps:
+            from benchmarks.mps import mps_daemon
+
+            try:
+                env = stack.enter_context(mps_daemon(chk.tmp / f"mps_{name}"))
+            except Exception as e:  # noqa: BLE001 - no MPS here: the variant fails, the run goes on
+                chk.line("FAIL", f"standin {name} MPS daemon", f"{type(e).__name__}: {e}")
+                return
+        sr, st = timed_start(chk, cfg, f"standin_{name}", url, chk.args.ray_stop, env=env)
+        chk.data["phases"]["standin_ab"][name]["start"] = st
+        if sr is None:
+            chk.line("FAIL", f"standin {name} start", st["error"], log_tail=st["log_tail"])
+            return
+        with sr:
+            chk.line("PASS", f"standin {name} start",
+                     f"healthy {st['healthy_s']}s ({overrides}{', MPS' if mps else ''})")
+            levels = serve_bench(chk, url, chk.data["phases"]["standin"]["shape"], st, cfg,
+                                 tag=name)
     chk.data["phases"]["standin_ab"][name]["levels"] = levels
     by_c = {lv["concurrency"]: lv for lv in base}
     for lv in levels:
@@ -728,7 +746,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     metavar="NAME:key.path=value[,...]",
                     help="after the standin bench, restart it with these app args and bench "
                          "again (an A/B in one run), e.g. "
-                         "ramp:pipeline.ramp_chunks=true,pipeline.initial_chunk_frames=1")
+                         "ramp:pipeline.ramp_chunks=true,pipeline.initial_chunk_frames=1; "
+                         "the key mps=true runs the variant under an MPS daemon (benchmarks/mps.py)")
     ap.add_argument("--standin-set", default="", metavar="key.path=value[,...]",
                     help="the standin phase's app args changed before it starts (no A/B)")
     ap.add_argument("--rates", default="", help="after the standin bench: Poisson arrivals at "
