@@ -32,6 +32,17 @@ logger = logging.getLogger(__name__)
 ASSISTANT_HEADER = 3  # "<|im_start|>assistant\n"
 
 
+def to_device(data, device, dtype=torch.long) -> torch.Tensor:
+    """``data`` (Python numbers, nested lists) as a tensor on ``device``, without waiting on the
+    GPU: on CUDA a pinned host copy sent non-blocking. A copy from pageable memory would first
+    synchronize the stream, i.e. wait for every kernel queued before it (the code predictor's
+    graph, vLLM's forward), leaving the GPU idle while Python prepares what comes next."""
+    t = torch.tensor(data, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 @dataclass
 class TalkerStepOutput:
     request_id: str
@@ -135,6 +146,7 @@ class TalkerInputs:
         if cuda_graphs is None:
             cuda_graphs = str(device).startswith("cuda")
         self.cp_graphs = None
+        self._frames_copy = None  # residual_codes_batch(frames_later=True)'s pending host copy
         if cuda_graphs:
             from omni_ray.runners.transformers.code_predictor_graph import CodePredictorGraphs
 
@@ -238,8 +250,7 @@ class TalkerInputs:
                           for r in rows], dim=0)
 
     def project_text(self, ids: list[int]) -> torch.Tensor:
-        t = torch.tensor([ids], dtype=torch.long, device=self.device)
-        return self.model.text_projection(self.embed_text(t))
+        return self.model.text_projection(self.embed_text(to_device([ids], self.device)))
 
     def residual_codes(self, seq: TalkerSeq) -> tuple[torch.Tensor, torch.Tensor]:
         """Code predictor: codebooks 1..15 for the last token; returns the frame [1, 16] and the
@@ -264,22 +275,31 @@ class TalkerInputs:
                 out = cp(input_ids=code_t, cache=out.cache, use_cache=True, generation_steps=step)
         return torch.tensor([codes], dtype=torch.long), embed_sum
 
-    def residual_codes_batch(self, seqs: list[TalkerSeq]) -> dict:
-        """``residual_codes`` for several requests in one batch: {request_id: (frame, embed)}."""
+    def residual_codes_batch(self, seqs: list[TalkerSeq], frames_later: bool = False) -> dict:
+        """``residual_codes`` for several requests in one batch: {request_id: (frame, embed)}.
+
+        ``frames_later`` (the CUDA graphs' path): the frames' host copy is queued, not waited
+        for, so the caller can queue more GPU work behind the code predictor; their values may
+        be read only after ``frames_copied()``."""
         from transformers import DynamicCache
 
         greedy = all(s.params.greedy for s in seqs)
         unseeded = all(not s.params.greedy and s.params.seed is None for s in seqs)
         if self.cp_graphs is not None and (greedy or unseeded):
             past = torch.cat([s.past_hidden for s in seqs], dim=0)
-            code0 = torch.tensor([s.codec_ids[-1] for s in seqs], device=self.device)
+            code0 = to_device([s.codec_ids[-1] for s in seqs], self.device)
             try:
                 codes, embed_sum = self.cp_graphs(past, code0, sample=not greedy)
             except Exception:  # capture failed: eager from now on, and say so once
                 logger.exception("code predictor CUDA graph failed; using eager PyTorch")
                 self.cp_graphs = None
             else:
-                frames = codes.to("cpu", torch.long)
+                if frames_later:
+                    frames = codes.to(torch.long).to("cpu", non_blocking=True)  # pinned
+                    self._frames_copy = torch.cuda.Event()
+                    self._frames_copy.record()
+                else:
+                    frames = codes.to("cpu", torch.long)
                 return {s.request_id: (frames[i:i + 1], embed_sum[i:i + 1])
                         for i, s in enumerate(seqs)}
         cp = self.model.code_predictor
@@ -306,6 +326,12 @@ class TalkerInputs:
                 out = cp(input_ids=code_t, cache=out.cache, use_cache=True, generation_steps=step)
         frames = torch.stack(codes, dim=1).to("cpu", torch.long)            # [B, 16]
         return {s.request_id: (frames[i:i + 1], embed_sum[i:i + 1]) for i, s in enumerate(seqs)}
+
+    def frames_copied(self) -> None:
+        """Wait for the last ``residual_codes_batch(frames_later=True)``'s host copy."""
+        event, self._frames_copy = self._frames_copy, None
+        if event is not None:
+            event.synchronize()
 
     def finish_reason(self, seq: TalkerSeq) -> FinishReason:
         if seq.codec_ids and seq.codec_ids[-1] == self.codec_eos:

@@ -43,7 +43,7 @@ import torch
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
 from omni_ray.runners.transformers.talker_inputs import (TalkerInputs, TalkerRequests, TalkerSeq,
-                                             TalkerStepOutput)
+                                                       TalkerStepOutput, to_device)
 
 if TYPE_CHECKING:
     from omni_ray.config.pipeline import PipelineConfig
@@ -173,6 +173,7 @@ class VllmTalkerRunner(TalkerRequests):
             return outputs
         finished: dict[str, FinishReason] = {}
         step_outputs = self.engine.step()
+        self.inputs.frames_copied()  # the bridge's frames reached the host (long since, by now)
         t0 = time.perf_counter()
         spent["engine_s"] += t0 - t1
         for out in step_outputs:
@@ -331,7 +332,7 @@ class _Bridge:
         t0 = time.perf_counter()
         if self.batch_code_predictor and live:
             try:
-                residual = self.inputs.residual_codes_batch(live)
+                residual = self.inputs.residual_codes_batch(live, frames_later=True)
             except Exception:  # one request at a time below isolates the failure
                 residual = {}
         embeds = {}
@@ -357,7 +358,7 @@ class _Bridge:
         have = [(r, embeds[rid]) for r, (_, internal) in enumerate(rows)
                 if (rid := self.seqs[internal].request_id) in embeds]
         if have:  # one copy for the batch, not one per row
-            idx = torch.tensor([r for r, _ in have], device=out.device)
+            idx = to_device([r for r, _ in have], out.device)
             out[idx] = torch.cat([e.reshape(1, -1) for _, e in have]).to(out.dtype)
         self.spent["text_s"] += time.perf_counter() - t1
         return out
@@ -406,13 +407,13 @@ class _Bridge:
             self._unseen = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
         seen = torch.stack([s.seen_mask if s is not None else self._unseen for s in penalized])
         if new_rows:
-            at = torch.tensor([new_rows, new_codes], device=logits.device)
+            at = to_device([new_rows, new_codes], logits.device)
             seen[at[0], at[1]] = True
         for i, s in enumerate(penalized):
             if s is not None:
                 s.seen_mask = seen[i]
-        p = torch.tensor([s.params.repetition_penalty if s is not None else 1.0
-                          for s in penalized], device=logits.device, dtype=logits.dtype)[:, None]
+        p = to_device([s.params.repetition_penalty if s is not None else 1.0
+                       for s in penalized], logits.device, logits.dtype)[:, None]
         return torch.where(seen, torch.where(logits < 0, logits * p, logits / p), logits)
 
 
