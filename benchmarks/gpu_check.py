@@ -281,6 +281,12 @@ def phase_standin(chk: Check) -> None:
         dummy = (entry.get("omni_ray") or {}).get("dummy_weights") is True
         chk.line("PASS" if dummy else "FAIL", "standin /v1/models says dummy",
                  json.dumps(entry.get("omni_ray")))
+        if dev == "cuda":  # the vocoder's first calls replay CUDA graphs checked at its start
+            rt = httpx.get(f"{url}/debug/stats", timeout=60).json()["code2wav"]["runner_time"]
+            n = rt.get("graph_buckets", 0)
+            chk.line("PASS" if n else "FAIL", "standin code2wav first-call graphs",
+                     f"{n} batch buckets captured, each replay == the eager forward at start; "
+                     f"{rt.get('graph_first_calls', 0)} first calls replayed so far")
         bench = BENCH[dev]
         for name, kw in cases(has_proc).items():
             try:

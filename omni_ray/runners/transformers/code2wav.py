@@ -40,7 +40,10 @@ class Code2WavRunner:
     """Owns the code2wav module; ``decode`` is called per arriving codec chunk."""
 
     def __init__(self, code2wav, *, mode: str, left_context_frames: int = 25,
-                 device: str = "cpu"):
+                 device: str = "cpu", first_chunk_frames: int | None = None,
+                 cuda_graphs: bool | None = None):
+        """``first_chunk_frames`` (the pipeline's first chunk): on CUDA (``cuda_graphs`` default)
+        a stateful first call of that many frames replays a CUDA graph (code2wav_graph.py)."""
         # no default mode here: ``PipelineConfig`` decides it for the app, Omni and the CLI
         if mode not in ("window", "stateful"):
             raise ValueError(f"code2wav mode must be 'window' or 'stateful', got {mode!r}")
@@ -59,6 +62,13 @@ class Code2WavRunner:
             from omni_ray.runners.transformers.code2wav_stream import StreamingCode2Wav
 
             self._stream = StreamingCode2Wav(code2wav)
+            if cuda_graphs is None:
+                cuda_graphs = str(device).startswith("cuda")
+            if cuda_graphs and first_chunk_frames:
+                from omni_ray.runners.transformers.code2wav_graph import FirstCallGraphs
+
+                self._stream.first_graphs = FirstCallGraphs(self._stream, first_chunk_frames)
+                self._stream.first_graphs.warm_up()
 
     @classmethod
     def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,
@@ -70,7 +80,16 @@ class Code2WavRunner:
 
         m = load_stage(model_dir, "code2wav", stage_cfg.device, getattr(torch, stage_cfg.dtype))
         return cls(m.module, mode=pipeline.code2wav_mode,
-                   left_context_frames=pipeline.left_context_frames, device=stage_cfg.device)
+                   left_context_frames=pipeline.left_context_frames, device=stage_cfg.device,
+                   first_chunk_frames=pipeline.initial_chunk_frames)
+
+    @property
+    def time_spent(self) -> dict:
+        """Counters for the engine's stats (``/debug/stats``): first calls replayed as CUDA
+        graphs, and the graph buckets captured and checked at start (0 where none)."""
+        graphs = self._stream.first_graphs if self._stream is not None else None
+        return dict(graph_first_calls=graphs.calls if graphs else 0,
+                    graph_buckets=graphs.ready if graphs else 0)
 
     def add_request(self, request_id: str) -> None:
         if request_id in self._reqs:

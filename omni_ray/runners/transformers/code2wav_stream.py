@@ -120,6 +120,7 @@ class StreamingCode2Wav:
         self.kv_heads = self.config.num_key_value_heads
         self.head_dim = attn.head_dim
         self._names = {mod: name for name, mod in model.named_modules()}
+        self.first_graphs = None  # FirstCallGraphs (code2wav_graph.py): first calls, replayed
         for name, mod in model.named_modules():
             if isinstance(mod, Qwen3OmniMoeCausalConvNet) and mod.stride != 1:
                 raise ValueError(f"{name}: strided causal convs are not supported")
@@ -173,7 +174,10 @@ class StreamingCode2Wav:
         # The forward advances working copies; the states change only once it has succeeded,
         # so a failed batch leaves every request where it was (each can be retried alone).
         work = [_shallow_copy(states[i]) for i in live]
-        wavs = self._forward(work, [codes[i] for i in live])
+        new = [codes[i] for i in live]
+        graphs = self.first_graphs
+        wavs = (graphs(work, new) if graphs is not None and graphs.applies(work, new)
+                else self._forward(work, new))
         for i, w, done in zip(live, wavs, work):
             outs[i] = w
             states[i].__dict__.update(done.__dict__)
@@ -213,7 +217,11 @@ class StreamingCode2Wav:
         batch, steps, _ = hidden.shape
         cached = self.window - 1
         dev = hidden.device
-        start = torch.tensor([s.frames_in for s in states], device=dev)
+        frames_in = {s.frames_in for s in states}
+        if len(frames_in) == 1:  # a fill, not a host copy: capturable (code2wav_graph.py)
+            start = torch.full((batch,), frames_in.pop(), dtype=torch.long, device=dev)
+        else:
+            start = torch.tensor([s.frames_in for s in states], device=dev)
         positions = start[:, None] + torch.arange(steps, device=dev)[None]  # [B, T] absolute
         cos, sin = pre.rotary_emb(hidden, positions)
         # Key j sits at relative frame j - cached (the cache holds the `cached` frames before start).

@@ -1,0 +1,148 @@
+"""The stateful vocoder's first call of a request as one CUDA graph per batch-size bucket.
+
+A request's first audio waits for code2wav's first call on its first chunk (one 80 ms frame in
+the GPU configs). That call is small (1,920 samples) but runs the whole vocoder: ~1,000 kernel
+launches from Python, launch-bound (measured on an H200 at real size, bf16: 18-26 ms for one
+frame, most of the stage's part of the time to first audio). A first call always starts from the
+same fresh state (``StreamingCode2Wav.new_state``: zeros) and, for a given number of frames, has
+static shapes, so ``StreamingCode2Wav._forward`` is captured once per bucket of requests and
+replayed with one launch; later calls (other lengths, carried state) stay eager.
+
+Each capture is checked before it is used: a replay on random codes must give the eager
+forward's samples and states (bit-equal on the devices seen; within ``MAX_DIFF`` of the peak
+otherwise), else that bucket stays eager, and the log says why.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from omni_ray.runners.transformers.code2wav_stream import (Code2WavStreamState,
+                                                           StreamingCode2Wav)
+
+logger = logging.getLogger(__name__)
+
+BUCKETS = (1, 2, 4, 8)
+MAX_DIFF = 1e-3  # of each tensor's peak (samples, state): a wrong capture differs by O(1)
+
+
+class FirstCallGraphs:
+    """``StreamingCode2Wav``'s first call on ``frames`` new frames per request, graphed."""
+
+    def __init__(self, stream: StreamingCode2Wav, frames: int):
+        p = next(stream.model.parameters())
+        if p.device.type != "cuda":
+            raise RuntimeError("code2wav CUDA graphs need the model on a CUDA device")
+        self.stream, self.frames, self.device = stream, frames, p.device
+        self.quantizers = stream.config.num_quantizers
+        self.codebook = stream.config.codebook_size
+        self._graphs: dict[int, tuple | None] = {}  # bucket -> capture, None: stays eager
+        self.calls = 0  # first calls replayed
+
+    @property
+    def ready(self) -> int:
+        """Buckets captured and checked against the eager forward."""
+        return sum(g is not None for g in self._graphs.values())
+
+    def applies(self, states: list[Code2WavStreamState], codes: list[torch.Tensor]) -> bool:
+        """Every request fresh, with exactly ``frames`` new frames, and a bucket for them."""
+        return (0 < len(states) <= BUCKETS[-1] and all(s.frames_in == 0 for s in states)
+                and all(c.shape[0] == self.frames for c in codes)
+                and self._entry(len(states)) is not None)
+
+    def warm_up(self) -> None:
+        """Capture (and check) every bucket now, not under the first requests."""
+        for b in BUCKETS:
+            self._entry(b)
+
+    def __call__(self, states: list[Code2WavStreamState], codes: list[torch.Tensor]
+                 ) -> list[torch.Tensor]:
+        """``StreamingCode2Wav._forward(states, codes)`` by replay: the samples per request;
+        each state advanced (its tensors copied out of the graph's buffers)."""
+        n = len(states)
+        graph, codes_in, work, wavs, _ = self._entry(n)
+        self.calls += 1
+        codes_in[:n].copy_(torch.stack([c.to(self.device) for c in codes]))
+        graph.replay()
+        out = []
+        for b in range(n):
+            out.append(wavs[b].clone())
+            _copy_state(work[b], states[b])
+        return out
+
+    # -- capture -------------------------------------------------------------------------------
+    def _entry(self, n: int):
+        bucket = next(b for b in BUCKETS if b >= n)
+        if bucket not in self._graphs:
+            try:
+                self._graphs[bucket] = self._capture(bucket)
+            except Exception as e:  # noqa: BLE001 - a failed capture costs speed, not the stage
+                logger.warning("code2wav first-call graph, %d requests: %s: %s; eager instead",
+                               bucket, type(e).__name__, e)
+                self._graphs[bucket] = None
+        return self._graphs[bucket]
+
+    @torch.inference_mode()
+    def _capture(self, bucket: int):
+        stream = self.stream
+        codes_in = torch.zeros((bucket, self.frames, self.quantizers), dtype=torch.long,
+                               device=self.device)
+        fresh = [stream.new_state() for _ in range(bucket)]  # never written: the forward
+        side = torch.cuda.Stream()                           # assigns new tensors
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # lazy inits and allocations outside the graph
+                stream._forward(_fresh_copies(fresh), list(codes_in))
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        work = _fresh_copies(fresh)
+        with torch.cuda.graph(graph):
+            wavs = stream._forward(work, list(codes_in))
+        self._check(graph, codes_in, work, wavs, bucket)
+        return graph, codes_in, work, wavs, fresh  # fresh: the graph reads it, keep it alive
+
+    def _check(self, graph, codes_in, work, wavs, bucket: int) -> None:
+        gen = torch.Generator(device=self.device).manual_seed(bucket)
+        codes_in.copy_(torch.randint(0, self.codebook, codes_in.shape, generator=gen,
+                                     device=self.device))
+        graph.replay()
+        eager_states = [self.stream.new_state() for _ in range(bucket)]
+        eager = self.stream._forward(eager_states, [c.clone() for c in codes_in])
+        pairs = list(zip(wavs, eager))
+        for got, want in zip(work, eager_states):
+            pairs += zip(_tensors(got), _tensors(want))
+        diff = max(_rel_diff(a, b) for a, b in pairs)  # samples and every state tensor
+        if diff > MAX_DIFF:
+            raise RuntimeError(f"replay differs from the eager forward by {diff:.2e} of the peak")
+        logger.info("code2wav first-call graph, %d requests x %d frames: replay == eager "
+                    "within %.1e of the peak", bucket, self.frames, diff)
+
+
+def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    if a.numel() == 0:
+        return 0.0
+    peak = float(b.float().abs().max()) or 1.0
+    return float((a.float() - b.float()).abs().max()) / peak
+
+
+def _fresh_copies(states: list[Code2WavStreamState]) -> list[Code2WavStreamState]:
+    from omni_ray.runners.transformers.code2wav_stream import _shallow_copy
+
+    return [_shallow_copy(s) for s in states]
+
+
+def _tensors(s: Code2WavStreamState) -> list[torch.Tensor]:
+    return [*s.keys, *s.values, *s.conv_tails.values(), *s.trans_tails.values()]
+
+
+def _copy_state(src: Code2WavStreamState, dst: Code2WavStreamState) -> None:
+    """``dst`` becomes ``src`` (a state whose tensors live in the graph's buffers), by value."""
+    dst.keys = [t.clone() for t in src.keys]
+    dst.values = [t.clone() for t in src.values]
+    dst.conv_tails = {k: t.clone() for k, t in src.conv_tails.items()}
+    dst.trans_tails = {k: t.clone() for k, t in src.trans_tails.items()}
+    dst.frames_in, dst.samples_out = src.frames_in, src.samples_out

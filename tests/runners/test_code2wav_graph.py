@@ -1,0 +1,84 @@
+"""The vocoder's first call as a CUDA graph (runners/transformers/code2wav_graph.py).
+
+On CUDA: a replayed first call equals the eager one, and a stream that starts with it equals a
+one-shot decode. On CPU (CI): graphs refuse to start, and ``decode_batch`` hands exactly the
+fresh, first-chunk batches to them and carries the state they return.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_ray.runners.transformers.code2wav_graph import FirstCallGraphs
+from tests.runners.test_code2wav_stream import TINY_SLIDING, TOL, _build, _codes, _one_shot, _rel_err
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return _build(TINY_SLIDING, seed=1)
+
+
+def test_graphs_refuse_a_model_off_cuda(stream):
+    with pytest.raises(RuntimeError, match="CUDA"):
+        FirstCallGraphs(stream, 1)
+
+
+class _Recording:
+    """Stands in for ``FirstCallGraphs`` on CPU: the eager forward, with the calls recorded."""
+
+    def __init__(self, stream, frames):
+        self.stream, self.frames, self.calls = stream, frames, []
+
+    def applies(self, states, codes):
+        return all(s.frames_in == 0 for s in states) and all(c.shape[0] == self.frames
+                                                             for c in codes)
+
+    def __call__(self, states, codes):
+        self.calls.append(len(states))
+        return self.stream._forward(states, codes)
+
+
+def test_decode_batch_sends_first_chunks_to_the_graphs_and_keeps_their_state(stream):
+    codes = [_codes(9, seed=s) for s in range(3)]
+    stream.first_graphs = rec = _Recording(stream, 1)
+    try:
+        states = [stream.new_state() for _ in codes]
+        outs = [stream.decode_batch(states, [c[:1] for c in codes])]   # fresh, 1 frame: graphs
+        outs.append(stream.decode_batch(states, [c[1:3] for c in codes]))  # carried: eager
+        late = stream.new_state()                                      # fresh but 2 frames: eager
+        stream.decode_batch([late], [codes[0][:2]])
+    finally:
+        stream.first_graphs = None
+    assert rec.calls == [3]
+    for b, c in enumerate(codes):
+        got = torch.cat([outs[0][b], outs[1][b]])
+        want = _one_shot(stream, c[:3])[: len(got)]
+        assert _rel_err(got, want) < TOL
+        assert states[b].frames_in == 3
+
+
+@cuda
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_replayed_first_call_equals_eager_and_continues_exactly(n):
+    s = _build(TINY_SLIDING, seed=1)
+    s.model.to("cuda")
+    graphs = FirstCallGraphs(s, 2)
+    graphs.warm_up()
+    assert graphs.ready == 4 and graphs.calls == 0
+    codes = [_codes(12, seed=10 + i).cuda() for i in range(n)]
+    eager_states = [s.new_state() for _ in codes]
+    eager = s.decode_batch(eager_states, [c[:2] for c in codes])
+    s.first_graphs = graphs
+    states = [s.new_state() for _ in codes]
+    got = s.decode_batch(states, [c[:2] for c in codes])
+    assert graphs.calls == 1
+    for a, b in zip(got, eager):
+        assert torch.equal(a, b)
+    rest = s.decode_batch(states, [c[2:] for c in codes])
+    for b, c in enumerate(codes):
+        want = _one_shot(s, c).cpu()
+        full = torch.cat([got[b], rest[b]]).cpu()
+        assert _rel_err(full, want[: len(full)]) < 1e-4
