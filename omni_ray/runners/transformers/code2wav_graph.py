@@ -5,8 +5,10 @@ the GPU configs). That call is small (1,920 samples) but runs the whole vocoder:
 launches from Python, launch-bound (measured on an H200 at real size, bf16: 18-26 ms for one
 frame, most of the stage's part of the time to first audio). A first call always starts from the
 same fresh state (``StreamingCode2Wav.new_state``: zeros) and, for a given number of frames, has
-static shapes, so ``StreamingCode2Wav._forward`` is captured once per bucket of requests and
-replayed with one launch; later calls (other lengths, carried state) stay eager.
+static shapes, so ``StreamingCode2Wav._forward`` is captured once per bucket of requests (up to
+the stage's batch) and replayed with one launch; later calls (other lengths, carried state) stay
+eager. ``Code2WavLogic`` decodes new requests' first chunks in a step of their own
+(``first_chunks_first``), so under load too a first call is a batch of fresh states.
 
 Each capture is checked before it is used: a replay on random codes must give the eager
 forward's samples and states (bit-equal on the devices seen; within ``MAX_DIFF`` of the peak
@@ -24,7 +26,7 @@ from omni_ray.runners.transformers.code2wav_stream import (Code2WavStreamState,
 
 logger = logging.getLogger(__name__)
 
-BUCKETS = (1, 2, 4, 8)
+BUCKETS = (1, 2, 4, 8, 16, 32)  # code2wav_max_batch: 32 on the GPU
 MAX_DIFF = 1e-3  # of each tensor's peak (samples, state): a wrong capture differs by O(1)
 
 
