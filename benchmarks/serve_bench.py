@@ -152,9 +152,10 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
 async def ttfa_breakdown(url: str, request_ids: list[str | None]) -> dict:
     """The app's milestones of the level's requests, by id, split into stages and hops:
     ``ttfa_breakdown`` (stats per segment), ``ttfa_requests`` (each request's segments),
-    ``ttfa_requests_missing``; None when /debug is off. Each ingress replica keeps its own
-    requests (the one-GPU yaml runs two) and Serve routes each fetch to one of them, so the
-    fetches are repeated (up to 20) until every id has turned up."""
+    ``ttfa_requests_missing``, ``ttfa_ingress_breakdown`` (the first segment split); None
+    when /debug is off. Each ingress replica keeps its own requests (the one-GPU yaml runs two)
+    and Serve routes each fetch to one of them, so the fetches are repeated (up to 20) until
+    every id has turned up."""
     from benchmarks import timeline
 
     want = {i for i in request_ids if i}
@@ -162,14 +163,17 @@ async def ttfa_breakdown(url: str, request_ids: list[str | None]) -> dict:
     for _ in range(20):
         reqs = await asyncio.to_thread(timeline.fetch, url, min(1024, max(64, 4 * len(want))))
         if reqs is None:
-            return dict(ttfa_breakdown=None, ttfa_requests=None, ttfa_requests_missing=None)
+            return dict(ttfa_breakdown=None, ttfa_requests=None, ttfa_requests_missing=None,
+                        ttfa_ingress_breakdown=None)
         found.update((r["request_id"], r) for r in reqs if r["request_id"] in want)
         if len(found) >= len(want):
             break
         await asyncio.sleep(0.1)
     got = list(found.values())
     return dict(ttfa_breakdown=timeline.breakdown(got), ttfa_requests=timeline.per_request(got),
-                ttfa_requests_missing=len(want) - len(got))
+                ttfa_requests_missing=len(want) - len(got),
+                ttfa_ingress_breakdown=timeline.breakdown(
+                    got, [*timeline.INGRESS_PARTS, timeline.INGRESS_AFTER]))
 
 
 def requests_per_level(args, concurrency: int) -> int:

@@ -23,6 +23,18 @@ SEGMENTS = [
     ("code2wav -> ingress (replica stream)", ("code2wav", "first_out"), ("ingress", "first_audio")),
 ]
 TOTAL = ("ingress first audio", ("ingress", "received"), ("ingress", "first_audio"))
+# The first segment split (consecutive, received -> thinker added), then what the ingress waits
+# for after the thinker's add: the other stages' opens and the attaches (the thinker's first
+# chunk to the talker waits for them; not part of the sum).
+INGRESS_PARTS = [
+    ("parse, chat template, tokenize", ("ingress", "received"), ("ingress", "parsed")),
+    ("log, metrics, fault headers", ("ingress", "parsed"), ("ingress", "opening")),
+    ("send code2wav + talker opens", ("ingress", "opening"), ("ingress", "thinker_sent")),
+    ("ingress -> thinker replica", ("ingress", "thinker_sent"), ("thinker", "replica_open")),
+    ("thinker replica -> engine add", ("thinker", "replica_open"), ("thinker", "added")),
+]
+INGRESS_AFTER = ("thinker added -> all stages open + attached", ("thinker", "added"),
+                 ("ingress", "opened"))
 
 
 def fetch(url: str, limit: int, headers: dict | None = None) -> list[dict] | None:
@@ -39,11 +51,12 @@ def _span(req: dict, a: tuple[str, str], b: tuple[str, str]) -> float | None:
     return None if ta is None or tb is None else tb - ta
 
 
-def breakdown(requests: list[dict]) -> dict:
+def breakdown(requests: list[dict], segments: list | None = None) -> dict:
     """Per segment: n, mean, p50, p90, p99, min, max (seconds) over the requests that have both
-    ends (text-only requests have no audio segments)."""
+    ends (text-only requests have no audio segments). ``segments``: default ``SEGMENTS`` and
+    ``TOTAL``; ``INGRESS_PARTS`` + ``INGRESS_AFTER`` split the first one."""
     out = {}
-    for name, a, b in [*SEGMENTS, TOTAL]:
+    for name, a, b in segments or [*SEGMENTS, TOTAL]:
         xs = [x for x in (_span(r, a, b) for r in requests) if x is not None]
         if xs:
             out[name] = stats(xs)

@@ -3,7 +3,9 @@
 Each engine notes, per request, the wall-clock time (``time.time()``: comparable across the
 processes of one host) of the first time something happened: ``added``, ``first_in`` (the first
 upstream chunk), ``first_down`` (the first chunk to the next stage), ``first_out`` (the first
-text delta or audio piece to the caller). ``GET /debug/timeline`` joins them per request, and
+text delta or audio piece to the caller); the ingress its own (``received``, ``parsed``,
+``opening``, ``thinker_sent``, ``opened``, ``first_text``, ``first_audio``), each stage replica
+``replica_open`` (its ``open`` call arrived). ``GET /debug/timeline`` joins them per request, and
 ``benchmarks/timeline.py`` splits the time to first audio into the stages and hops between.
 
 Ray-free and torch-free; bounded: at most ``keep`` requests in flight (the oldest forgotten

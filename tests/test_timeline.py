@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.timeline import SEGMENTS, TOTAL, breakdown, per_request
+from benchmarks.timeline import (
+    INGRESS_AFTER,
+    INGRESS_PARTS,
+    SEGMENTS,
+    TOTAL,
+    breakdown,
+    per_request,
+)
 from omni_ray.timeline import Timeline
 
 
@@ -46,6 +53,21 @@ def test_breakdown_segments_add_up_to_the_total():
     assert parts == pytest.approx(rows[TOTAL[0]]["p50"]) and rows[TOTAL[0]]["p50"] == 1.0
     text_only = {"ingress": {"received": 0.0}, "thinker": {"added": 0.1, "first_down": 0.2}}
     assert set(breakdown([text_only])) == {SEGMENTS[0][0], SEGMENTS[1][0]}
+
+
+def test_ingress_parts_split_the_first_segment():
+    first = SEGMENTS[0]
+    assert INGRESS_PARTS[0][1] == first[1] and INGRESS_PARTS[-1][2] == first[2]
+    for (_, _, end), (_, start, _) in zip(INGRESS_PARTS, INGRESS_PARTS[1:]):
+        assert end == start  # consecutive
+    marks = [a for _, a, _ in INGRESS_PARTS] + [INGRESS_PARTS[-1][2], INGRESS_AFTER[2]]
+    req = {}
+    for i, (stage, mark) in enumerate(marks):
+        req.setdefault(stage, {})[mark] = i * 0.001
+    rows = breakdown([req], [*INGRESS_PARTS, INGRESS_AFTER])
+    assert list(rows) == [name for name, _, _ in [*INGRESS_PARTS, INGRESS_AFTER]]
+    parts = sum(rows[name]["p50"] for name, _, _ in INGRESS_PARTS)
+    assert parts == pytest.approx(breakdown([req])[first[0]]["p50"])
 
 
 def test_per_request_rows_are_in_arrival_order_with_their_segments():

@@ -99,19 +99,19 @@ class OmniIngress:
         self.speakers = checkpoint_speakers(model_dir)
         self.media_token_ids = _media_token_ids(model_dir)  # usage's prompt_tokens_details
         self.transcripts = TranscriptStore()  # audio.id -> transcript (multi-turn)
-        self.client = PipelineClient(thinker, talker, code2wav)
+        self.timeline = Timeline()  # per-request milestones here; /debug/timeline joins stages'
+        self.client = PipelineClient(thinker, talker, code2wav, self.timeline)
         self.stage_handles = dict(thinker=thinker, talker=talker, code2wav=code2wav)
         if self.args.disaggregated:
             from omni_ray.ingress.kv_client import DisaggPipelineClient
 
             self.client = DisaggPipelineClient(thinker_prefill, thinker, talker, code2wav,
-                                               self.args.thinker_disaggregation)
+                                               self.args.thinker_disaggregation, self.timeline)
             self.stage_handles["thinker_prefill"] = thinker_prefill
         lim = self.args.limits
         self.guard = Guard(resolve_api_keys(self.args.security, os.environ), lim.max_body_bytes,
                            lim.max_concurrent_requests_per_key)
         self.metrics = IngressMetrics()
-        self.timeline = Timeline()  # per-request milestones here; /debug/timeline joins stages'
         self.created = int(time.time())
         self.realtime = RealtimeEndpoint(self)  # WS /v1/realtime (omni_ray/ingress/realtime/)
         # Short requests through every stage once they are ready; /health is 200 only after.
@@ -252,8 +252,10 @@ class OmniIngress:
         except APIError:
             track.finish(RequestStatus.INVALID, "invalid_request")
             raise
-        logger.info("request %s: modalities=%s stream=%s", req.request_id, req.modalities, body.stream)
         self.timeline.start(req.request_id, "received", received)
+        self.timeline.mark(req.request_id, "parsed")
+        logger.info("request %s: modalities=%s stream=%s", req.request_id, req.modalities,
+                    body.stream)
         # Open the stages before answering: a full stage is a 503 + Retry-After, not a stream error.
         stream = await self._open(req, fault, track, kv_fault)
         if body.stream:
@@ -546,8 +548,11 @@ class OmniIngress:
                 raise bad_request(str(e), "x-omni-kv-fault") from e
         if fault:
             await self._inject(req, fault)
+        self.timeline.mark(req.request_id, "opening")
         try:
-            return await self.client.open(req, **opts)
+            stream = await self.client.open(req, **opts)
+            self.timeline.mark(req.request_id, "opened")
+            return stream
         except StageUnavailable as e:
             track.finish(RequestStatus.REJECTED, e.code)
             if e.code == "engine_unavailable":

@@ -59,8 +59,10 @@ class KVInjectedAbort(StageError):
 
 
 class DisaggPipelineClient(PipelineClient):
-    def __init__(self, prefill, decode, talker, code2wav, cfg: ThinkerDisaggConfig):
-        super().__init__(decode, talker, code2wav)  # the decode deployment plays the thinker
+    def __init__(self, prefill, decode, talker, code2wav, cfg: ThinkerDisaggConfig,
+                 timeline=None):
+        # the decode deployment plays the thinker
+        super().__init__(decode, talker, code2wav, timeline)
         self.prefill = prefill
         self.cfg = cfg
         self.transfers = KVTransferTable()

@@ -50,8 +50,11 @@ class StageUnavailable(Exception):
 
 
 class PipelineClient:
-    def __init__(self, thinker, talker, code2wav):
+    def __init__(self, thinker, talker, code2wav, timeline=None):
+        """``timeline``: the ingress's ``Timeline`` (omni_ray/timeline.py), for its
+        ``thinker_sent`` mark; None: no marks."""
         self.thinker, self.talker, self.code2wav = thinker, talker, code2wav
+        self.timeline = timeline
 
     async def open(self, req: OmniRequest) -> "PipelineStream":
         """Open every stage the request needs. Raises ``ValueError`` (invalid input),
@@ -92,6 +95,8 @@ class PipelineClient:
         """Open the thinker (appending its call to ``gens``); its engine handle. The
         disaggregated client (ingress/kv_client.py) replaces this with a prefill -> decode KV
         hand-off."""
+        if self.timeline is not None:
+            self.timeline.mark(req.request_id, "thinker_sent")
         th = self.thinker.options(stream=True).open.remote(req, downstream)
         gens.append(("thinker", th))
         return await _first(th, "thinker")

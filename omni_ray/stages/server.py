@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from omni_ray.config.request import STANDBY_WARMUP_ID_PREFIX, WARMUP_ID_PREFIX, OmniRequest
 from omni_ray.config.serving import OmniServingArgs
 from omni_ray.exceptions import EngineUnavailable
 from omni_ray.pipeline.emit import StageRequestError
 from omni_ray.stages.supervisor import EngineState, EngineSupervisor
+from omni_ray.timeline import Timeline
 
 logger = logging.getLogger("ray.serve")
 
@@ -40,6 +42,8 @@ class StageServer:
 
         self.sup = EngineSupervisor(self.stage, lambda: self._create_engine(args, cfg, model_dir),
                                     cfg.engine_restart, SupervisorMetrics(self.stage))
+        # ``open``'s arrival here (``replica_open``), joined with the engine's milestones
+        self.timeline = Timeline()
 
     @property
     def engine(self):
@@ -78,9 +82,11 @@ class StageServer:
         """``add_kwargs`` go to the engine's ``add_request`` (``expect_kv`` for ThinkerDecode)."""
         from ray.exceptions import ActorDiedError, RayActorError
 
+        arrived = time.time()
         rid = request.request_id
         warmup = rid.startswith(WARMUP_ID_PREFIX)
         engine = self._engine_for(rid)  # EngineUnavailable: nothing opened yet
+        self.timeline.start(rid, "replica_open", arrived)
         opened = False
         try:
             try:
@@ -114,6 +120,8 @@ class StageServer:
                                             self.sup.policy.retry_after_s) from None
                 raise StageRequestError("engine died; a new one is starting") from None
             raise StageRequestError(f"engine unreachable ({type(e).__name__})") from None
+        finally:
+            self.timeline.finish(rid)
 
     def _engine_for(self, rid: str):
         """The engine for a new request: a standby warm-up request goes to the standby (when
@@ -135,9 +143,12 @@ class StageServer:
 
     async def request_timeline(self, request_ids: list[str]) -> dict:
         """This replica's engine's milestones of these requests (omni_ray/timeline.py)."""
+        here = self.timeline.get(request_ids)
         if not self.sup.ready:
-            return {}
-        return await self.engine.request_timeline.remote(request_ids)
+            return here
+        there = await self.engine.request_timeline.remote(request_ids)
+        return {rid: {**here.get(rid, {}), **there.get(rid, {})}
+                for rid in dict.fromkeys([*here, *there])}
 
     async def readiness(self) -> dict:
         """Answers at once: can this replica serve now (its engine loaded and alive)? With

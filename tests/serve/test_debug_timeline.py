@@ -46,6 +46,13 @@ def test_timeline_splits_the_time_to_first_audio(serve_urls, mode):
     for name, _, _ in timeline.SEGMENTS:  # one host's clock: every step forward in time
         assert rows[name]["p50"] >= -1e-3, (name, rows[name])
     assert sum(rows[n]["p50"] for n, _, _ in timeline.SEGMENTS) == pytest.approx(total)
+    ing = [*timeline.INGRESS_PARTS, timeline.INGRESS_AFTER]
+    parts = timeline.breakdown(reqs, ing)  # the ingress segment split, every mark there
+    assert list(parts) == [name for name, _, _ in ing]
+    assert all(s["p50"] >= -1e-3 for s in parts.values()), parts
+    assert sum(parts[n]["p50"] for n, _, _ in timeline.INGRESS_PARTS) == pytest.approx(
+        rows[timeline.SEGMENTS[0][0]]["p50"])
+    assert {"replica_open", "added"} <= set(req["talker"]) and "replica_open" in req["code2wav"]
     if mode == "sync":  # the talker starts when the thinker has finished: after the text
         assert req["talker"]["first_in"] >= req["thinker"]["first_out"]
 
