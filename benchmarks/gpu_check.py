@@ -533,6 +533,10 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
         complete = all(name in bd for name, _, _ in SEGMENTS)  # every stage noted its milestones
         chk.line("PASS" if complete else "FAIL", f"ttfa breakdown{sfx} c={c}", "p50 ms: " + ", ".join(
             f"{k.split(':')[0]} {v['p50'] * 1e3:.0f}" for k, v in bd.items()))
+        ib = lv["ttfa_ingress_breakdown"] = run.get("ttfa_ingress_breakdown") or {}
+        if ib:  # the ingress segment's parts (benchmarks/timeline.py INGRESS_PARTS)
+            chk.line("INFO", f"ingress breakdown{sfx} c={c}", "p50 ms: " + ", ".join(
+                f"{k} {v['p50'] * 1e3:.1f}" for k, v in ib.items()))
         if lv["step_profile"]:
             chk.line("INFO", f"step profile{sfx} c={c}", profile_line(lv["step_profile"]))
         levels.append(lv)
