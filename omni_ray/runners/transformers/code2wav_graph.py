@@ -59,6 +59,7 @@ class FirstCallGraphs:
         for b in BUCKETS:
             self._entry(b)
 
+    @torch.inference_mode()  # the buffers are inference tensors (captured in that mode)
     def __call__(self, states: list[Code2WavStreamState], codes: list[torch.Tensor]
                  ) -> list[torch.Tensor]:
         """``StreamingCode2Wav._forward(states, codes)`` by replay: the samples per request;
