@@ -522,9 +522,10 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
                   audio_seconds_mean=m["audio_seconds"]["mean"], wall_s=s["wall_s"])
         lv["step_profile"] = run.get("step_profile")
         t_first = min(r["start"] for r in run["requests"])
-        lv["requests"] = sorted(  # which requests were slow: start offset, client TTFA, RTF
-            (dict(t0_s=round(r["start"] - t_first, 3), ttfa_s=r["ttfa"], rtf=r["rtf"])
-             for r in run["requests"]), key=lambda r: r["t0_s"])
+        lv["requests"] = sorted(  # which requests were slow: start offset, client TTFA, RTF,
+            (dict(t0_s=round(r["start"] - t_first, 3), ttfa_s=r["ttfa"], rtf=r["rtf"],
+                  audio_s=r["audio_seconds"], e2e_s=r["e2e"], request_id=r["request_id"])
+             for r in run["requests"]), key=lambda r: r["t0_s"])  # audio and end (RTF's parts)
         lv["ttfa_requests"] = run.get("ttfa_requests")
         lv["ttfa_requests_missing"] = run.get("ttfa_requests_missing")
         bd = lv["ttfa_breakdown"] = run.get("ttfa_breakdown") or {}
