@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from code2wav_helpers import TINY_SLIDING, TOL, build_stream, one_shot, random_codes, rel_err
 
 from omni_ray.runners.transformers.code2wav_graph import BUCKETS, FirstCallGraphs
-from tests.runners.test_code2wav_stream import TINY_SLIDING, TOL, _build, _codes, _one_shot, _rel_err
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
 
 @pytest.fixture(scope="module")
 def stream():
-    return _build(TINY_SLIDING, seed=1)
+    return build_stream(TINY_SLIDING, seed=1)
 
 
 def test_graphs_refuse_a_model_off_cuda(stream):
@@ -42,7 +42,7 @@ class _Recording:
 
 
 def test_decode_batch_sends_first_chunks_to_the_graphs_and_keeps_their_state(stream):
-    codes = [_codes(9, seed=s) for s in range(3)]
+    codes = [random_codes(9, seed=s) for s in range(3)]
     stream.first_graphs = rec = _Recording(stream, 1)
     try:
         states = [stream.new_state() for _ in codes]
@@ -55,20 +55,20 @@ def test_decode_batch_sends_first_chunks_to_the_graphs_and_keeps_their_state(str
     assert rec.calls == [3]
     for b, c in enumerate(codes):
         got = torch.cat([outs[0][b], outs[1][b]])
-        want = _one_shot(stream, c[:3])[: len(got)]
-        assert _rel_err(got, want) < TOL
+        want = one_shot(stream, c[:3])[: len(got)]
+        assert rel_err(got, want) < TOL
         assert states[b].frames_in == 3
 
 
 @cuda
 @pytest.mark.parametrize("n", [1, 3, 8])
 def test_replayed_first_call_equals_eager_and_continues_exactly(n):
-    s = _build(TINY_SLIDING, seed=1)
+    s = build_stream(TINY_SLIDING, seed=1)
     s.model.to("cuda")
     graphs = FirstCallGraphs(s, 2)
     graphs.warm_up()
     assert graphs.ready == len(BUCKETS) and graphs.calls == 0
-    codes = [_codes(12, seed=10 + i).cuda() for i in range(n)]
+    codes = [random_codes(12, seed=10 + i).cuda() for i in range(n)]
     eager_states = [s.new_state() for _ in codes]
     eager = s.decode_batch(eager_states, [c[:2] for c in codes])
     s.first_graphs = graphs
@@ -79,6 +79,6 @@ def test_replayed_first_call_equals_eager_and_continues_exactly(n):
         assert torch.equal(a, b)
     rest = s.decode_batch(states, [c[2:] for c in codes])
     for b, c in enumerate(codes):
-        want = _one_shot(s, c).cpu()
+        want = one_shot(s, c).cpu()
         full = torch.cat([got[b], rest[b]]).cpu()
-        assert _rel_err(full, want[: len(full)]) < 1e-4
+        assert rel_err(full, want[: len(full)]) < 1e-4

@@ -15,43 +15,11 @@ import random
 
 import pytest
 import torch
-from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
-from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
-from omni_ray.runners.transformers.code2wav_stream import StreamingCode2Wav, reinit_code2wav_for_testing
+from code2wav_helpers import (SAMPLES_PER_FRAME, TINY, TINY_SLIDING, TOL, WITHHELD, build_stream,
+                              one_shot, random_codes, rel_err)
 
-TOL = 1e-5  # max |stream - one-shot| / one-shot peak; see the module docstring
-SAMPLES_PER_FRAME = 1920
-WITHHELD = 555  # samples after the last frame that need the next frame
-
-TINY = dict(
-    hidden_size=32,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=2,
-    intermediate_size=64,
-    decoder_dim=64,
-    codebook_size=2048,
-    num_quantizers=16,
-    sliding_window=72,
-)
-# Two layers, grouped-query attention and a window of 4 so the window slides within a few frames.
-TINY_SLIDING = {**TINY, "num_hidden_layers": 2, "num_key_value_heads": 1, "sliding_window": 4}
-
-
-def _build(config_kwargs: dict, seed: int = 0) -> StreamingCode2Wav:
-    torch.manual_seed(seed)
-    model = Qwen3OmniMoeCode2Wav(Qwen3OmniMoeCode2WavConfig(**config_kwargs)).eval()
-    return StreamingCode2Wav(reinit_code2wav_for_testing(model, seed))
-
-
-def _codes(frames: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, 2048, (frames, 16), generator=torch.Generator().manual_seed(seed))
-
-
-@torch.no_grad()
-def _one_shot(stream: StreamingCode2Wav, codes: torch.Tensor) -> torch.Tensor:
-    return stream.model(codes.T[None]).flatten()
+from omni_ray.runners.transformers.code2wav_stream import StreamingCode2Wav
 
 
 def _stream(stream: StreamingCode2Wav, codes: torch.Tensor, sizes) -> torch.Tensor:
@@ -63,11 +31,6 @@ def _stream(stream: StreamingCode2Wav, codes: torch.Tensor, sizes) -> torch.Tens
     assert state.frames_in == codes.shape[0]
     assert state.samples_out == sum(len(o) for o in outs)
     return torch.cat(outs)
-
-
-def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    assert got.shape == want.shape, (got.shape, want.shape)
-    return ((got - want).abs().max() / want.abs().max()).item()
 
 
 def _fixed(size: int, frames: int) -> list[int]:
@@ -83,12 +46,12 @@ def _random_sizes(frames: int, seed: int, pool=(1, 2, 3, 4, 7, 25, 30)) -> list[
 
 @pytest.fixture(scope="module")
 def tiny() -> StreamingCode2Wav:
-    return _build(TINY)
+    return build_stream(TINY)
 
 
 @pytest.fixture(scope="module")
 def tiny_sliding() -> StreamingCode2Wav:
-    return _build(TINY_SLIDING, seed=1)
+    return build_stream(TINY_SLIDING, seed=1)
 
 
 @pytest.fixture(scope="module", params=["tiny", "tiny_sliding"])
@@ -97,50 +60,50 @@ def model(request) -> StreamingCode2Wav:
 
 
 def test_test_model_is_audible_and_unclamped(model):
-    wav = _one_shot(model, _codes(40))
+    wav = one_shot(model, random_codes(40))
     assert 0.1 < wav.abs().max().item() < 1.0
 
 
 def test_sample_accounting(tiny):
     state = tiny.new_state()
-    first = tiny.decode(state, _codes(3))
+    first = tiny.decode(state, random_codes(3))
     assert len(first) == 3 * SAMPLES_PER_FRAME - WITHHELD
-    assert len(tiny.decode(state, _codes(2, seed=1))) == 2 * SAMPLES_PER_FRAME
-    assert len(tiny.decode(state, _codes(0))) == 0
+    assert len(tiny.decode(state, random_codes(2, seed=1))) == 2 * SAMPLES_PER_FRAME
+    assert len(tiny.decode(state, random_codes(0))) == 0
     assert (state.frames_in, state.samples_out) == (5, 5 * SAMPLES_PER_FRAME - WITHHELD)
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 4, 25])
 def test_fixed_chunks_equal_one_shot(model, chunk):
-    codes = _codes(64)
-    want = _one_shot(model, codes)
+    codes = random_codes(64)
+    want = one_shot(model, codes)
     assert len(want) == 64 * SAMPLES_PER_FRAME - WITHHELD
-    assert _rel_err(_stream(model, codes, _fixed(chunk, 64)), want) < TOL
+    assert rel_err(_stream(model, codes, _fixed(chunk, 64)), want) < TOL
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_boundaries_equal_one_shot(model, seed):
-    codes = _codes(90, seed=seed)
+    codes = random_codes(90, seed=seed)
     got = _stream(model, codes, _random_sizes(90, seed))
-    assert _rel_err(got, _one_shot(model, codes)) < TOL
+    assert rel_err(got, one_shot(model, codes)) < TOL
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny_sliding"])
 def test_long_stream_stays_exact_and_bounded(name, request):
     """200 frames in chunks of 7: far past window 4 and past window 72; state never grows."""
     stream = request.getfixturevalue(name)
-    codes = _codes(200, seed=3)
+    codes = random_codes(200, seed=3)
     state, outs = stream.new_state(), []
     size = state.nbytes
     for start in range(0, 200, 7):
         outs.append(stream.decode(state, codes[start : start + 7]))
         assert state.nbytes == size
-    assert _rel_err(torch.cat(outs), _one_shot(stream, codes)) < TOL
+    assert rel_err(torch.cat(outs), one_shot(stream, codes)) < TOL
 
 
 def test_decode_batch_equals_per_request(tiny_sliding):
     stream = tiny_sliding
-    codes = [_codes(40, seed=s) for s in range(4)]
+    codes = [random_codes(40, seed=s) for s in range(4)]
     # Requests at different points of their streams: fresh, 1 frame in, 9 in, 20 in.
     states, done = [], [0, 1, 9, 20]
     for c, d in zip(codes, done):
@@ -155,17 +118,17 @@ def test_decode_batch_equals_per_request(tiny_sliding):
     for a, b in zip(alone, batched):
         assert a.shape == b.shape
         if len(a):
-            assert _rel_err(b, a) < TOL
+            assert rel_err(b, a) < TOL
     # The carried states agree too: continuing each request alone gives the same audio.
     nxt = [c[d + n : d + n + 5] for c, d, n in zip(codes, done, new)]
     for s_b, s_a, c in zip(states, alone_states, nxt):
         assert (s_b.frames_in, s_b.samples_out) == (s_a.frames_in, s_a.samples_out)
-        assert _rel_err(stream.decode(s_b, c), stream.decode(s_a, c)) < TOL
+        assert rel_err(stream.decode(s_b, c), stream.decode(s_a, c)) < TOL
 
 
 def test_batched_stream_equals_one_shot(tiny):
     """Three requests streamed together with their own chunkings reproduce their one-shot audio."""
-    codes = [_codes(50, seed=10 + i) for i in range(3)]
+    codes = [random_codes(50, seed=10 + i) for i in range(3)]
     sizes = [_random_sizes(50, seed=i) for i in range(3)]
     states = [tiny.new_state() for _ in codes]
     outs, pos = [[] for _ in codes], [0, 0, 0]
@@ -180,25 +143,25 @@ def test_batched_stream_equals_one_shot(tiny):
             outs[i].append(w)
         step += 1
     for c, o in zip(codes, outs):
-        assert _rel_err(torch.cat(o), _one_shot(tiny, c)) < TOL
+        assert rel_err(torch.cat(o), one_shot(tiny, c)) < TOL
 
 
 @pytest.mark.parametrize("part", ["keys", "conv_tails", "trans_tails"])
 def test_tolerance_catches_broken_state(tiny_sliding, part):
     """Zeroing any kind of carried state mid-stream is caught by orders of magnitude."""
-    codes = _codes(30)
+    codes = random_codes(30)
     state = tiny_sliding.new_state()
     outs = [tiny_sliding.decode(state, codes[:12])]
     held = getattr(state, part)
     for t in held if isinstance(held, list) else held.values():
         t.zero_()
     outs.append(tiny_sliding.decode(state, codes[12:]))
-    assert _rel_err(torch.cat(outs), _one_shot(tiny_sliding, codes)) > 1e-3
+    assert rel_err(torch.cat(outs), one_shot(tiny_sliding, codes)) > 1e-3
 
 
 def test_rejects_malformed_codes(tiny):
     with pytest.raises(ValueError):
-        tiny.decode(tiny.new_state(), _codes(4)[:, :8])
+        tiny.decode(tiny.new_state(), random_codes(4)[:, :8])
     with pytest.raises(ValueError):
         tiny.decode_batch([tiny.new_state()], [])
 
@@ -206,12 +169,12 @@ def test_rejects_malformed_codes(tiny):
 @pytest.mark.slow
 def test_real_size_stream_equals_one_shot():
     """Released code2wav shape (hidden 1024, 8 layers, decoder 1536), random weights, 100 frames."""
-    stream = _build({})
-    codes = _codes(100, seed=4)
-    want = _one_shot(stream, codes)
+    stream = build_stream({})
+    codes = random_codes(100, seed=4)
+    want = one_shot(stream, codes)
     assert 0.1 < want.abs().max().item() < 1.0
     sizes = [4, 1, 1, 2, 2, 4, 25, 3, 25, 7, 1, 25]  # sums to 100
-    assert _rel_err(_stream(stream, codes, sizes), want) < TOL
+    assert rel_err(_stream(stream, codes, sizes), want) < TOL
 
 
 def test_runner_decode_many_equals_each_alone_and_isolates_a_failure(tiny):
@@ -226,7 +189,7 @@ def test_runner_decode_many_equals_each_alone_and_isolates_a_failure(tiny):
             r.add_request(rid)
         return r
 
-    codes = {rid: _codes(30, seed=20 + i) for i, rid in enumerate("abcd")}
+    codes = {rid: random_codes(30, seed=20 + i) for i, rid in enumerate("abcd")}
     alone, batched = runner(), runner()
     for lo, hi in [(0, 1), (1, 4), (4, 29), (29, 30)]:
         want = [alone.decode(rid, codes[rid][lo:hi]) for rid in "abc"]
@@ -235,7 +198,7 @@ def test_runner_decode_many_equals_each_alone_and_isolates_a_failure(tiny):
         got = batched.decode_many(items + [("d", bad)])
         assert isinstance(got[3], ValueError) and "codes must be" in str(got[3])
         for (s_w, w), (s_g, g) in zip(want, got[:3]):
-            assert s_w == s_g and w.shape == g.shape and _rel_err(g, w) < TOL
+            assert s_w == s_g and w.shape == g.shape and rel_err(g, w) < TOL
     for rid in "abc":
         assert batched._reqs[rid].samples_out == 30 * SAMPLES_PER_FRAME - WITHHELD
         assert batched._reqs[rid].num_frames == 30
