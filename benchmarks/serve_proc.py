@@ -11,6 +11,7 @@ its own only: it ends every Ray cluster of the user).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -71,11 +72,17 @@ class ServeRun:
         return self
 
     def wait_healthy(self, url: str, timeout_s: float) -> float:
-        """Seconds from launch until ``GET url/health`` answers 200; raises on exit or timeout."""
+        """Seconds from launch until ``GET url/health`` answers 200; raises on exit, on Serve
+        giving up the deploy (``serve run`` keeps running then: without this the wait lasted
+        the whole timeout, 10 minutes of a GPU machine, for a missing module) or timeout."""
         end = self.t_launch + timeout_s
+        scan = _DeployScan(self.log)
         while time.perf_counter() < end:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"`serve run` exited with {self.proc.returncode}")
+            failed = scan.failure()
+            if failed:
+                raise RuntimeError(f"Serve could not deploy the app: {failed}")
             try:
                 if httpx.get(f"{url}/health", timeout=5).status_code == 200:
                     return time.perf_counter() - self.t_launch
@@ -107,6 +114,38 @@ class ServeRun:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class _DeployScan:
+    """Reads a ``serve run`` log as it grows for Serve's "Deploying app '...' failed" and the
+    exception it names (e.g. ``ModuleNotFoundError: No module named 'x'``)."""
+
+    FAILED = re.compile(r"Deploying app '[^']*' failed")
+    ERROR = re.compile(r"\b(\w+(?:Error|Exception): .*)$")
+
+    def __init__(self, log: Path):
+        self.log, self.offset, self.text = log, 0, ""
+        self.failed_at: float | None = None
+
+    def failure(self) -> str | None:
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self.offset)
+                new = f.read()
+        except OSError:
+            return None
+        self.offset += len(new)
+        self.text = (self.text + new.decode(errors="replace"))[-200_000:]
+        m = self.FAILED.search(self.text)
+        if m is None:
+            return None
+        self.failed_at = self.failed_at or time.monotonic()
+        errors = [e.group(1) for line in self.text[m.end():].splitlines()
+                  if (e := self.ERROR.search(line))]
+        if errors:
+            return errors[-1]
+        # the traceback follows the line: give it a few seconds to reach the log
+        return m.group(0) if time.monotonic() - self.failed_at > 5 else None
 
 
 def marked_pids(marker: str) -> list[int]:

@@ -237,3 +237,26 @@ def test_mps_variant_runs_a_private_daemon_and_quits_it(tmp_path, monkeypatch):
         assert Path(env["CUDA_MPS_LOG_DIRECTORY"]).is_dir()
         assert calls.read_text().split("\n")[0].startswith(f"-d pipe={tmp_path}/m1/pipe")
     assert calls.read_text().splitlines()[1] == f" pipe={tmp_path}/m1/pipe stdin=quit"
+
+
+@pytest.mark.slow
+def test_a_deploy_serve_gives_up_on_ends_the_wait_at_once(tmp_path):
+    """An app that cannot even be imported: Serve logs that the deploy failed and ``serve run``
+    keeps running; the wait must end there with the exception, not at its timeout (on the
+    H200 a missing module once held the check for its whole 10-minute wait)."""
+    import time
+
+    from benchmarks.launch import free_port
+    from benchmarks.serve_proc import ServeRun
+
+    port = free_port()
+    cfg = tmp_path / "broken.yaml"
+    cfg.write_text(f"http_options: {{host: 127.0.0.1, port: {port}}}\napplications:\n"
+                   "  - name: broken\n    route_prefix: /\n"
+                   "    import_path: omni_ray_no_such_module:app\n")
+    with ServeRun(cfg, tmp_path / "serve.log", env={"OMP_NUM_THREADS": "1"}) as sr:
+        t0 = time.perf_counter()
+        with pytest.raises(RuntimeError, match="could not deploy.*No module named "
+                                               "'omni_ray_no_such_module'"):
+            sr.wait_healthy(f"http://127.0.0.1:{port}", 300)
+        assert time.perf_counter() - t0 < 240
