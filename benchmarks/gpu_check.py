@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import importlib
 import json
 import operator
 import os
@@ -806,6 +807,12 @@ def main(argv=None) -> int:
                     device=a.device, gpu=info["gpu"], versions=versions(), machine=info)
     print(f"gpu_check {chk.data['commit'][:12]}{' (dirty)' if chk.data['dirty'] else ''} on "
           f"{a.device} ({info['gpu'] or info['cpu']}), phases {a.phases}", flush=True)
+    try:  # what `serve run` imports first: a missing package fails here in seconds
+        importlib.import_module("omni_ray.ingress.app")
+    except Exception as e:  # noqa: BLE001 - the run's only line then
+        chk.line("FAIL", "preflight: the app's modules import", f"{type(e).__name__}: {e}")
+        chk.save("FAIL gpu_check: the app cannot be imported")
+        return 1
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:  # the checkpoints
         chk.tmp = Path(tmp)
         for name in a.phases.split(","):

@@ -260,3 +260,26 @@ def test_a_deploy_serve_gives_up_on_ends_the_wait_at_once(tmp_path):
                                                "'omni_ray_no_such_module'"):
             sr.wait_healthy(f"http://127.0.0.1:{port}", 300)
         assert time.perf_counter() - t0 < 240
+
+
+def test_a_check_whose_app_cannot_import_stops_before_starting_anything(tmp_path, monkeypatch):
+    """A package the ingress imports is missing (webrtcvad on the H200 once): one FAIL line and
+    exit 1 in seconds, no Ray started, no phase run."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_vad(name, *args, **kwargs):
+        if name == "webrtcvad":
+            raise ModuleNotFoundError("No module named 'webrtcvad'")
+        return real_import(name, *args, **kwargs)
+
+    for mod in [m for m in sys.modules if m.startswith("omni_ray.ingress") or m == "webrtcvad"]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setattr(builtins, "__import__", no_vad)
+    rc = gpu_check.main(["--device", "cpu", "--phases", "tiny", "--out", str(tmp_path)])
+    lines = (tmp_path / "gpu_check.txt").read_text().splitlines()
+    assert rc == 1
+    assert lines[0] == ("FAIL preflight: the app's modules import: ModuleNotFoundError: No module "
+                        "named 'webrtcvad'")
+    assert not (tmp_path / "logs").exists()  # no serve run was started
