@@ -795,11 +795,17 @@ def main(argv=None) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     a = parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
+    chk = Check(a)
+    try:  # what `serve run` imports first: a missing package fails here in seconds
+        importlib.import_module("omni_ray.ingress.app")
+    except Exception as e:  # noqa: BLE001 - the run's only line then
+        chk.line("FAIL", "preflight: the app's modules import", f"{type(e).__name__}: {e}")
+        chk.save("FAIL gpu_check: the app cannot be imported")
+        return 1
     if a.device == "cpu":
         import torch
 
         torch.set_num_threads(1)
-    chk = Check(a)
     info = machine_info()
     # --commit: the machine the check ran on may hold the tree without its git history
     chk.data.update(commit=a.commit or git("rev-parse", "HEAD"),
@@ -807,12 +813,6 @@ def main(argv=None) -> int:
                     device=a.device, gpu=info["gpu"], versions=versions(), machine=info)
     print(f"gpu_check {chk.data['commit'][:12]}{' (dirty)' if chk.data['dirty'] else ''} on "
           f"{a.device} ({info['gpu'] or info['cpu']}), phases {a.phases}", flush=True)
-    try:  # what `serve run` imports first: a missing package fails here in seconds
-        importlib.import_module("omni_ray.ingress.app")
-    except Exception as e:  # noqa: BLE001 - the run's only line then
-        chk.line("FAIL", "preflight: the app's modules import", f"{type(e).__name__}: {e}")
-        chk.save("FAIL gpu_check: the app cannot be imported")
-        return 1
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:  # the checkpoints
         chk.tmp = Path(tmp)
         for name in a.phases.split(","):

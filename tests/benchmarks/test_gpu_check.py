@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root holds benchmarks/
 
@@ -277,7 +278,9 @@ def test_a_check_whose_app_cannot_import_stops_before_starting_anything(tmp_path
     for mod in [m for m in sys.modules if m.startswith("omni_ray.ingress") or m == "webrtcvad"]:
         monkeypatch.delitem(sys.modules, mod)
     monkeypatch.setattr(builtins, "__import__", no_vad)
+    threads = torch.get_num_threads()
     rc = gpu_check.main(["--device", "cpu", "--phases", "tiny", "--out", str(tmp_path)])
+    assert torch.get_num_threads() == threads  # nothing of the CPU set-up ran either
     lines = (tmp_path / "gpu_check.txt").read_text().splitlines()
     assert rc == 1
     assert lines[0] == ("FAIL preflight: the app's modules import: ModuleNotFoundError: No module "

@@ -40,10 +40,9 @@ class Code2WavRunner:
     """Owns the code2wav module; ``decode`` is called per arriving codec chunk."""
 
     def __init__(self, code2wav, *, mode: str, left_context_frames: int = 25,
-                 device: str = "cpu", first_chunk_frames: int | None = None,
-                 cuda_graphs: bool | None = None):
-        """``first_chunk_frames`` (the pipeline's first chunk): on CUDA (``cuda_graphs`` default)
-        a stateful first call of that many frames replays a CUDA graph (code2wav_graph.py)."""
+                 device: str = "cpu", first_chunk_frames: int | None = None):
+        """``first_chunk_frames`` (the pipeline's first chunk; None: no graphs): on CUDA a
+        stateful first call of that many frames replays a CUDA graph (code2wav_graph.py)."""
         # no default mode here: ``PipelineConfig`` decides it for the app, Omni and the CLI
         if mode not in ("window", "stateful"):
             raise ValueError(f"code2wav mode must be 'window' or 'stateful', got {mode!r}")
@@ -62,9 +61,7 @@ class Code2WavRunner:
             from omni_ray.runners.transformers.code2wav_stream import StreamingCode2Wav
 
             self._stream = StreamingCode2Wav(code2wav)
-            if cuda_graphs is None:
-                cuda_graphs = str(device).startswith("cuda")
-            if cuda_graphs and first_chunk_frames:
+            if first_chunk_frames and str(device).startswith("cuda"):
                 from omni_ray.runners.transformers.code2wav_graph import FirstCallGraphs
 
                 self._stream.first_graphs = FirstCallGraphs(self._stream, first_chunk_frames)
