@@ -13,7 +13,7 @@ from code2wav_helpers import TINY_SLIDING, TOL, build_stream, one_shot, random_c
 
 from omni_ray.runners.transformers.code2wav_graph import BUCKETS, FirstCallGraphs
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,8 @@ def test_decode_batch_sends_first_chunks_to_the_graphs_and_keeps_their_state(str
         assert states[b].frames_in == 3
 
 
-@cuda
+@pytest.mark.gpu
+@needs_cuda
 @pytest.mark.parametrize("n", [1, 3, 8])
 def test_replayed_first_call_equals_eager_and_continues_exactly(n):
     s = build_stream(TINY_SLIDING, seed=1)
