@@ -9,6 +9,8 @@ Definitions (all seconds, from the moment the request was sent):
 * TTFA: first non-empty ``choices[0].delta.audio.data`` (base64 PCM16, 24 kHz mono);
 * audio duration: streamed PCM16 samples / 24000;
 * RTF: (last audio packet - request start) / audio duration (< 1: faster than real time);
+* stall: seconds a player starting at the first audio packet would wait for data
+  (``playback_stall``); realtime: stall <= ``REALTIME_TOLERANCE_S``;
 * end-to-end: ``data: [DONE]`` (or the stream's end) - request start.
 """
 
@@ -21,6 +23,11 @@ from dataclasses import asdict, dataclass, field
 SAMPLE_RATE = 24000
 PCM16_BYTES = 2
 DONE = "[DONE]"  # what parse_sse_line returns for ``data: [DONE]``
+# A stream is real time when its playback stalls at most this long in all. 10 ms: what an audio
+# output buffer holds anyway (a 10 ms period; one eighth of an 80 ms codec frame), and above the
+# benchmark client's own jitter (one Python event loop decoding 32 streams' SSE lines notes an
+# arrival a few ms after the bytes came), which 0.0 would count as stalls the server never made.
+REALTIME_TOLERANCE_S = 0.010
 
 
 def parse_sse_line(line: str) -> dict | str | None:
@@ -60,6 +67,28 @@ def rtf(generation_s: float | None, audio_s: float | None) -> float | None:
     return generation_s / audio_s
 
 
+def playback_stall(packets: list[tuple[float, int]], rate: int = SAMPLE_RATE) -> float:
+    """Seconds a player would wait for data in all, playing from the first audio packet's arrival.
+
+    ``packets``: (arrival time, samples) per audio packet, in arrival order. Packet i is due when
+    the audio before it has played: t_first + samples before i / ``rate`` + the stall so far (a
+    player that ran dry plays the rest that much later); a packet arriving after that adds the
+    difference. Packets without samples are skipped; no audio (or one packet): 0.0.
+    """
+    stall, before, t_first, prev = 0.0, 0, None, None
+    for t, n in packets:
+        if prev is not None and t < prev:
+            raise ValueError(f"packets out of arrival order: {t} after {prev}")
+        prev = t
+        if n <= 0:
+            continue
+        if t_first is None:
+            t_first = t
+        stall += max(0.0, t - (t_first + before / rate + stall))
+        before += n
+    return stall
+
+
 @dataclass
 class RequestRecord:
     """What one streamed request did; times are absolute ``perf_counter`` seconds."""
@@ -78,6 +107,7 @@ class RequestRecord:
     finish_reason: str | None = None
     error: str | None = None
     request_id: str | None = None  # the chunks' ``id``: the app's request id (its timeline's)
+    audio_arrivals: list[tuple[float, int]] = field(default_factory=list)  # (time, samples)
 
     def on_event(self, event: dict | str, now: float) -> None:
         """Fold one parsed SSE event (``parse_sse_line``'s output) in, received at ``now``."""
@@ -105,7 +135,9 @@ class RequestRecord:
                     self.first_text = now
             data = (delta.get("audio") or {}).get("data")
             if data:
-                self.audio_bytes += b64_decoded_len(data)
+                n = b64_decoded_len(data)
+                self.audio_bytes += n
+                self.audio_arrivals.append((now, n // PCM16_BYTES))
                 self.audio_packets += 1
                 self.last_audio = now
                 if self.first_audio is None:
@@ -143,6 +175,17 @@ class RequestRecord:
         return rtf(gen, self.audio_seconds)
 
     @property
+    def stall_s(self) -> float | None:
+        """``playback_stall`` of the audio packets (None without audio)."""
+        return playback_stall(self.audio_arrivals) if self.audio_bytes else None
+
+    @property
+    def realtime(self) -> bool | None:
+        """Playback from the first packet never runs dry (None without audio)."""
+        stall = self.stall_s
+        return None if stall is None else stall <= REALTIME_TOLERANCE_S
+
+    @property
     def e2e(self) -> float | None:
         return None if self.end is None else self.end - self.start
 
@@ -152,7 +195,8 @@ class RequestRecord:
         raw["text"] = self.text[:80]
         return dict(start=self.start, ttft=self.ttft, ttfa=self.ttfa, text_rate=self.text_rate,
                     audio_seconds=self.audio_seconds,
-                     rtf=self.rtf, e2e=self.e2e, output_tokens=self.completion_tokens,
+                     rtf=self.rtf, stall_s=self.stall_s, realtime=self.realtime, e2e=self.e2e,
+                     output_tokens=self.completion_tokens,
                      ok=self.ok, **{k: raw[k] for k in ("audio_packets", "finish_reason",
                                                          "error", "text", "prompt_tokens",
                                                          "request_id")})
@@ -190,6 +234,7 @@ class RunSummary:
     output_tokens_per_s: float
     audio_seconds_per_s: float
     metrics: dict = field(default_factory=dict)  # name -> stats() dict
+    realtime_frac: float | None = None  # of the successful requests with audio (None: none)
 
 
 def summarize(records: list[RequestRecord], wall_s: float) -> RunSummary:
@@ -200,8 +245,11 @@ def summarize(records: list[RequestRecord], wall_s: float) -> RunSummary:
     tokens = sum(r.completion_tokens or 0 for r in ok)
     audio = sum(r.audio_seconds for r in ok)
     metrics = {name: stats([getattr(r, name) for r in ok])
-               for name in ("ttft", "ttfa", "rtf", "e2e", "audio_seconds", "text_rate")}
+               for name in ("ttft", "ttfa", "rtf", "stall_s", "e2e", "audio_seconds",
+                            "text_rate")}
     metrics["output_tokens"] = stats([r.completion_tokens for r in ok])
+    rt = [r.realtime for r in ok if r.realtime is not None]
     return RunSummary(num_requests=len(records), num_ok=len(ok), wall_s=wall_s,
                       requests_per_s=len(ok) / wall_s, output_tokens_per_s=tokens / wall_s,
-                      audio_seconds_per_s=audio / wall_s, metrics=metrics)
+                      audio_seconds_per_s=audio / wall_s, metrics=metrics,
+                      realtime_frac=sum(rt) / len(rt) if rt else None)

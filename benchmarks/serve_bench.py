@@ -1,4 +1,4 @@
-"""Load generator against the OpenAI endpoint: TTFT, TTFA, RTF, e2e, throughput.
+"""Load generator against the OpenAI endpoint: TTFT, TTFA, RTF, stall, e2e, throughput.
 
 Against a running app::
 
@@ -141,6 +141,8 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
             summary = summarize(recs, wall)
             print(summary_line(label, kind, value, summary), flush=True)
             results.append(dict(label=label, load=kind, value=value, summary=asdict(summary),
+                                stall_p99_s=summary.metrics["stall_s"]["p99"],
+                                realtime_frac=summary.realtime_frac,
                                 requests=[r.summary() for r in recs],
                                 **await ttfa_breakdown(url, [r.request_id for r in recs]),
                                 step_profile=step_profile.diff(
@@ -199,9 +201,11 @@ def summary_line(label: str, kind: str, value, s) -> str:
         v = m[name][q]
         return "-" if v is None else f"{v:.3f}"
 
+    frac = "-" if s.realtime_frac is None else f"{s.realtime_frac:.2f}"
     return (f"[{label}] {kind}={value} ok={s.num_ok}/{s.num_requests} "
             f"ttft p50={p('ttft')}s ttfa p50={p('ttfa')}s p99={p('ttfa', 'p99')}s "
-            f"rtf p50={p('rtf')} e2e p50={p('e2e')}s req/s={s.requests_per_s:.3f} "
+            f"rtf p50={p('rtf')} stall p99={p('stall_s', 'p99')}s realtime={frac} "
+            f"e2e p50={p('e2e')}s req/s={s.requests_per_s:.3f} "
             f"tok/s={s.output_tokens_per_s:.1f} audio_s/s={s.audio_seconds_per_s:.2f}")
 
 

@@ -1,4 +1,5 @@
-"""The benchmarks' pure pieces on hand-made inputs: SSE parsing, record folding, percentiles, RTF.
+"""The benchmarks' pure pieces on hand-made inputs: SSE parsing, record folding, percentiles, RTF,
+playback stall.
 
 Nothing here is timed; the benchmarks themselves run from ``benchmarks/run_all.sh``.
 """
@@ -16,10 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root ho
 
 from benchmarks.metrics import (  # noqa: E402
     DONE,
+    REALTIME_TOLERANCE_S,
+    SAMPLE_RATE,
     RequestRecord,
     b64_decoded_len,
     parse_sse_line,
     percentile,
+    playback_stall,
     rtf,
     stats,
     summarize,
@@ -123,6 +127,76 @@ def test_record_error_event_and_missing_done():
     text_only.on_event(delta(content="x"), 0.2)
     text_only.on_event(DONE, 0.3)
     assert text_only.ok and text_only.ttfa is None and text_only.rtf is None
+
+
+# -- playback stall -------------------------------------------------------------------------------
+SEC = SAMPLE_RATE  # samples in one second of audio
+
+
+def test_no_stall_when_every_packet_comes_before_it_is_due():
+    # 1 s packets: due at 5, 6, 7 (played from the first's arrival); they come at 5, 5.2, 6.9
+    assert playback_stall([(5.0, SEC), (5.2, SEC), (6.9, SEC)]) == 0.0
+    # exactly on time is no stall either
+    assert playback_stall([(5.0, SEC // 2), (5.5, SEC // 2), (6.0, SEC)]) == pytest.approx(0.0)
+
+
+def test_one_late_packet_stalls_by_its_lateness():
+    # the second 1 s packet is due at 1.0 and comes at 1.3: playback waits 0.3 s
+    assert playback_stall([(0.0, SEC), (1.3, SEC)]) == pytest.approx(0.3)
+    # half-second packets: due at 0.0, 0.5, 1.0; the third comes at 1.25
+    assert playback_stall([(0.0, SEC // 2), (0.4, SEC // 2), (1.25, SEC // 2)]) == (
+        pytest.approx(0.25))
+
+
+def test_a_stall_shifts_the_later_deadlines():
+    # 1 s packets: the second comes 0.5 s late (at 1.5), so playback of it ends at 2.5 and the third
+    # is due at 2.5, not 2.0: arriving at 2.4 it adds nothing (without the shift it would be 0.4)
+    assert playback_stall([(0.0, SEC), (1.5, SEC), (2.4, SEC)]) == pytest.approx(0.5)
+    # arriving at 2.7 it adds only what it is late against the shifted deadline: 0.2
+    assert playback_stall([(0.0, SEC), (1.5, SEC), (2.7, SEC)]) == pytest.approx(0.7)
+    # two separate stalls add up: 0.5 s, then the fourth is due at 3.5 and comes at 3.6
+    assert playback_stall([(0.0, SEC), (1.5, SEC), (2.4, SEC), (3.6, SEC)]) == (
+        pytest.approx(0.6))
+
+
+def test_a_one_packet_answer_never_stalls_however_late_it_starts():
+    assert playback_stall([(42.0, 2 * 1920)]) == 0.0  # 0.16 s, whatever its time to first audio
+    assert playback_stall([]) == 0.0
+
+
+def test_packets_without_samples_are_skipped_and_order_is_checked():
+    # an empty packet neither starts playback nor counts as late
+    assert playback_stall([(0.0, 0), (1.0, SEC), (1.9, 0), (2.0, SEC)]) == 0.0
+    with pytest.raises(ValueError):
+        playback_stall([(1.0, SEC), (0.5, SEC)])
+
+
+def test_record_stall_and_realtime_from_its_packets():
+    rec = stream_record()  # 1.0 s at +0.5, 0.5 s at +1.5: on time
+    assert rec.audio_arrivals == [(10.50, 24000), (11.50, 12000)]
+    assert rec.stall_s == pytest.approx(0.0) and rec.realtime is True
+    assert rec.rtf == pytest.approx(1.0)  # RTF 1 though playback never waits
+    late = RequestRecord(start=0.0)
+    late.on_event(delta(audio=pcm_b64(SEC // 10)), 2.0)  # 0.1 s, first audio after 2 s
+    late.on_event(delta(audio=pcm_b64(SEC // 10)), 2.1 + 2 * REALTIME_TOLERANCE_S)
+    late.on_event(DONE, 2.5)
+    assert late.stall_s == pytest.approx(2 * REALTIME_TOLERANCE_S) and late.realtime is False
+    short = RequestRecord(start=0.0)  # within the tolerance: still realtime
+    short.on_event(delta(audio=pcm_b64(SEC // 10)), 2.0)
+    short.on_event(delta(audio=pcm_b64(SEC // 10)), 2.1 + REALTIME_TOLERANCE_S / 2)
+    short.on_event(DONE, 2.5)
+    assert short.realtime is True and short.rtf > 10  # a short answer: RTF is its wait
+    text_only = RequestRecord(start=0.0)
+    text_only.on_event(delta(content="x"), 0.2)
+    text_only.on_event(DONE, 0.3)
+    assert text_only.stall_s is None and text_only.realtime is None
+    assert late.summary()["stall_s"] == late.stall_s and late.summary()["realtime"] is False
+
+    s = summarize([rec, late, text_only, RequestRecord(start=0.0, error="HTTP 500")], wall_s=1.0)
+    assert s.realtime_frac == pytest.approx(0.5)  # of the successful requests with audio
+    assert s.metrics["stall_s"]["n"] == 2
+    assert s.metrics["stall_s"]["max"] == pytest.approx(2 * REALTIME_TOLERANCE_S)
+    assert summarize([text_only], wall_s=1.0).realtime_frac is None
 
 
 # -- statistics -----------------------------------------------------------------------------------

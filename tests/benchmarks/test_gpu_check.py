@@ -25,7 +25,7 @@ from benchmarks.answers import (  # noqa: E402
 )
 
 LEVEL_KEYS = {"concurrency", "ttft_p50_s", "ttfa_p50_s", "ttfa_p99_s", "rtf_p50", "rtf_p99",
-              "text_tok_s", "audio_s_per_s", "num_requests"}
+              "stall_p99_s", "realtime_frac", "text_tok_s", "audio_s_per_s", "num_requests"}
 
 
 def words(s: str) -> list[str]:
@@ -148,6 +148,8 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
             assert LEVEL_KEYS <= set(lv) and lv["num_ok"] == lv["num_requests"] == 2
             assert [r["t0_s"] for r in lv["requests"]] == sorted(r["t0_s"] for r in lv["requests"])
             assert len(lv["requests"]) == 2 and all(r["ttfa_s"] > 0 for r in lv["requests"])
+            assert all(r["stall_s"] >= 0 for r in lv["requests"])
+            assert 0 <= lv["realtime_frac"] <= 1 and lv["stall_p99_s"] >= 0
             assert len(lv["ttfa_requests"]) == 2 and lv["ttfa_requests_missing"] == 0  # by id
             assert all(r["ingress first audio"] > 0 for r in lv["ttfa_requests"])
         assert ("poisson" in serve) is (name == "gpu_serve.json")  # open loop: the base only
@@ -155,6 +157,7 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     (lv,) = json.loads((tmp_path / "gpu_serve.json").read_text())["poisson"]
     assert lv["rate"] == 4 and lv["num_ok"] == lv["num_requests"] == 3
     assert lv["ttfa_p99_s"] >= lv["ttfa_p50_s"] > 0 and len(lv["prompt_tokens"]) == 3
+    assert 0 <= lv["realtime_frac"] <= 1 and lv["stall_p99_s"] >= 0
     assert sum(line.startswith("INFO A/B fifo c=") for line in lines) == 2
 
 
@@ -181,11 +184,16 @@ def test_code2wav_and_batch_phases_pass_on_cpu(tmp_path):
 
 def test_targets_say_met_only_within_the_target():
     levels = [dict(concurrency=1, ttfa_p50_s=0.15, rtf_p50=0.2),
-              dict(concurrency=32, ttfa_p50_s=0.5, rtf_p50=0.25, rtf_p99=1.0)]
+              dict(concurrency=32, ttfa_p50_s=0.5, rtf_p50=0.25, rtf_p99=1.0,
+                   realtime_frac=63 / 64)]
     got = {t["name"]: t["met"] for t in gpu_check.targets(levels)}
     assert got == {"c=1 ttfa_p50_s <= 0.15": True, "c=1 rtf_p50 <= 0.15": False,
                    "c=32 ttfa_p50_s <= 0.6": True, "c=32 rtf_p50 <= 0.25": True,
-                   "c=32 rtf_p99 < 1.0": False}  # c=8 not run: left out
+                   "c=32 rtf_p99 < 1.0": False,
+                   "c=32 realtime_frac == 1.0": False}  # c=8 not run: left out
+    levels[1].update(rtf_p99=1.46, realtime_frac=1.0)  # a few late short answers, none stalls
+    got = {t["name"]: t["met"] for t in gpu_check.targets(levels)}
+    assert got["c=32 realtime_frac == 1.0"] is True and got["c=32 rtf_p99 < 1.0"] is False
 
 
 def test_a_variant_sets_dotted_app_args_and_keeps_the_base():
