@@ -78,6 +78,7 @@ class TalkerRunnerProtocol(Protocol):
 
     num_code_groups: int
 
+    def check_request(self, speaker: str, max_frames: int) -> None: ...  # any thread
     def add_request(self, request_id: str, speaker: str, params: SamplingParams,
                     max_frames: int) -> None: ...
     def push_text(self, request_id: str, token_ids: list[int], finished: bool,

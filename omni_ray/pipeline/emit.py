@@ -37,6 +37,12 @@ class StageLogic:
     _fail: set[str]
 
     def add(self, req: OmniRequest, has_downstream: bool) -> None: ...
+
+    def check(self, req: OmniRequest, has_downstream: bool) -> bool:
+        """Refuse invalid input (ValueError) without touching request state; may run beside the
+        step thread. True: ``add`` can refuse nothing more, so a caller may queue it and go on;
+        False (here): only ``add`` can tell, so the caller waits for it."""
+        return False
     def on_chunk(self, chunk) -> list[Emit]: return []
     def has_work(self) -> bool: return False
     def num_requests(self) -> int: return 0

@@ -21,9 +21,14 @@ class TalkerLogic(StageLogic):
         self._chunkers: dict[str, CodecChunker] = {}
         self._fail: set[str] = set()
 
-    def add(self, req: OmniRequest, has_downstream: bool) -> None:
+    def check(self, req: OmniRequest, has_downstream: bool) -> bool:
         if not has_downstream:
             raise ValueError("talker needs a downstream code2wav stage")
+        self.runner.check_request(req.speaker, req.max_audio_frames)
+        return True
+
+    def add(self, req: OmniRequest, has_downstream: bool) -> None:
+        self.check(req, has_downstream)
         self.runner.add_request(req.request_id, req.speaker, req.talker_sampling,
                                 req.max_audio_frames)
         p = self.pipeline

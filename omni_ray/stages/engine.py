@@ -92,14 +92,24 @@ class StageEngine:
     async def add_request(self, request: OmniRequest, downstream=None) -> None:
         """Register a request; raises ValueError for invalid input (the caller maps it to 4xx).
         ``downstream``: the next stage's engine, None (no next stage), or ``DOWNSTREAM_LATER``
-        (its chunks wait for ``attach``)."""
+        (its chunks wait for ``attach``).
+
+        When the stage's ``check`` can tell every refusal here (talker, code2wav), the add is
+        queued for the step thread and this returns at once: a burst of opens does not wait
+        for the step in progress (at 32 new requests, the talker's steps take hundreds of ms).
+        Chunks and aborts for the request queue behind the add, so they find it."""
         self._ensure_thread()
         rid = request.request_id
         self._check_new(rid)
+        queued = self.logic.check(request, downstream is not None)  # ValueError: nothing kept
         st = self._reqs[rid] = self._new_state(rid, downstream)
         self.timeline.start(rid)
         if rid.startswith(WARMUP_ID_PREFIX):
             self.counters["warmups"] += 1
+        if queued:
+            self._cmds.put(("add", (request, downstream is not None), None))
+            self._expect_stream(rid, st)
+            return
         try:
             await self._call(lambda: self.logic.add(request, downstream is not None))
         except BaseException:
@@ -307,6 +317,14 @@ class StageEngine:
             self._loop.call_soon_threadsafe(self._fail_all, e)
 
     def _apply(self, kind, arg, fut) -> list[Emit]:
+        if kind == "add":  # checked already (add_request): a failure now is this request's
+            req, has_downstream = arg
+            try:
+                self.logic.add(req, has_downstream)
+            except Exception as e:
+                self.logic.abort(req.request_id)
+                return [Emit(req.request_id, "out", None, True, error=f"add failed: {_brief(e)}")]
+            return []
         if kind == "call":
             try:
                 result = arg()

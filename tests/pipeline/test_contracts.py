@@ -83,7 +83,7 @@ def test_the_contracts_hold_what_the_logic_calls():
     assert set(members(KVThinkerRunnerProtocol)) - set(members(ThinkerRunnerProtocol)) == {
         "prefill_only", "extract_kv", "add_prefilled_kv"}
     assert set(members(TalkerRunnerProtocol)) == {
-        "num_code_groups", "add_request", "push_text", "has_ready", "step", "abort",
-        "num_requests"}
+        "num_code_groups", "check_request", "add_request", "push_text", "has_ready", "step",
+        "abort", "num_requests"}
     assert set(members(Code2WavRunnerProtocol)) == {
         "dtype", "add_request", "decode_many", "finish", "abort", "num_requests"}

@@ -116,9 +116,12 @@ class FakeTalker:
         self.fail: dict[str, int] = {}
         self.steps = 0
 
-    def add_request(self, request_id, speaker, params, max_frames):
+    def check_request(self, speaker, max_frames):
         if speaker != "ethan":
             raise ValueError(f"unknown speaker {speaker!r}")
+
+    def add_request(self, request_id, speaker, params, max_frames):
+        self.check_request(speaker, max_frames)
         self.seqs[request_id] = dict(prompt=None, text=[], done=False, n=0, max=max_frames)
 
     def push_text(self, request_id, token_ids, finished, prompt_token_ids=None, mm_hidden=None,

@@ -163,12 +163,18 @@ class TalkerInputs:
 
     def new_seq(self, request_id: str, speaker: str, params: SamplingParams,
                 max_frames: int, generator) -> TalkerSeq:
+        return TalkerSeq(request_id, self.speaker_id(speaker, max_frames), params, max_frames,
+                         generator)
+
+    def speaker_id(self, speaker: str, max_frames: int) -> int:
+        """The codec id of ``speaker``; ValueError for an unknown one or ``max_frames`` < 1.
+        Reads only what was fixed at start: any thread may call it."""
         speaker_id = self.speakers.get(speaker.lower())
         if speaker_id is None:
             raise ValueError(f"unknown speaker {speaker!r}; known: {sorted(self.speakers)}")
         if max_frames < 1:
             raise ValueError("max_frames must be >= 1")
-        return TalkerSeq(request_id, speaker_id, params, max_frames, generator)
+        return speaker_id
 
     # -- prefill ---------------------------------------------------------------------------------
     def prefill_embeds(self, seq: TalkerSeq) -> tuple[torch.Tensor, int]:
@@ -347,6 +353,11 @@ class TalkerRequests:
 
     _seqs: dict[str, TalkerSeq]
     inputs: TalkerInputs
+
+    def check_request(self, speaker: str, max_frames: int) -> None:
+        """Raise ValueError for what ``add_request`` would refuse of these arguments; adds
+        nothing and touches no request state, so it may run beside the step thread."""
+        self.inputs.speaker_id(speaker, max_frames)
 
     def add_request(self, request_id: str, speaker: str, params: SamplingParams,
                     max_frames: int) -> None:
