@@ -107,9 +107,28 @@ def test_runner_frames_equal_transformers_talker(talker, hf_talker, thinker_out)
     assert spent["frames"] == sum(f.shape[0] for f in got.values())
     assert spent["prefills"] == len(got)
     assert spent["engine_s"] >= spent["code_predictor_s"] + spent["text_s"] + spent["logits_s"] > 0
+    assert spent["admit_s"] >= spent["admit_copy_s"] > 0
     for rid in ref:
         assert torch.equal(got[rid], ref[rid]), rid
     assert any(r == FinishReason.LENGTH for r, _ in done.values())
+
+
+def test_a_prefill_that_cannot_be_built_fails_that_request_only(talker, hf_talker, thinker_out):
+    """Admitted in the same step as the others (one host copy for all): a prompt with an audio
+    placeholder but no hidden states fails alone; the others' frames == TalkerRunner's."""
+    from omni_ray.runners.transformers.talker_inputs import user_positions
+
+    rid, prompt, text, frames = thinker_out[0]
+    bad = list(prompt)
+    bad[user_positions(bad, talker.cfg)[3]] = talker.cfg.thinker_config.audio_token_id  # text
+    ref, _ = _drive(hf_talker, thinker_out)
+    got, done = _drive(talker, [*thinker_out, ("bad", bad, text, frames)])
+    assert done["bad"] == (FinishReason.ERROR,
+                           "ValueError: bad: multimodal prompt without hidden states")
+    assert got["bad"].shape[0] == 0
+    for rid in ref:
+        assert torch.equal(got[rid], ref[rid]), rid
+    assert not talker._seqs and not talker._internal
 
 
 def test_repetition_penalty_equals_transformers_talker(talker, hf_talker, thinker_out):

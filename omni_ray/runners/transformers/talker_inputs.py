@@ -194,15 +194,16 @@ class TalkerInputs:
         user_pos = user_positions(ids, self.cfg)
         if not user_pos:
             return None
-        is_mm = torch.tensor([ids[p] in self.mm_token_ids for p in user_pos])
-        n_mm = int(is_mm.sum())
-        if n_mm and (seq.mm_hidden is None or n_mm > seq.mm_hidden.shape[0]):
+        is_mm = [ids[p] in self.mm_token_ids for p in user_pos]
+        n_mm = sum(is_mm)
+        if not n_mm:  # text only: one projection, no masked writes (a device sync each on GPU)
+            return self.project_text([ids[p] for p in user_pos])
+        if seq.mm_hidden is None or n_mm > seq.mm_hidden.shape[0]:
             raise ValueError(f"{seq.request_id}: multimodal prompt without hidden states")
         out = torch.empty((len(user_pos), self.tts_pad.shape[-1]), dtype=self.tts_pad.dtype,
                           device=self.device)
-        is_mm = is_mm.to(self.device)
-        if n_mm:
-            out[is_mm] = self.model.hidden_projection(seq.mm_hidden[:n_mm].to(self.device))
+        is_mm = torch.tensor(is_mm).to(self.device)
+        out[is_mm] = self.model.hidden_projection(seq.mm_hidden[:n_mm].to(self.device))
         if n_mm < len(user_pos):
             text = [ids[p] for p in user_pos if ids[p] not in self.mm_token_ids]
             out[~is_mm] = self.project_text(text)[0]
@@ -214,9 +215,8 @@ class TalkerInputs:
         head = self.project_text(a[:ASSISTANT_HEADER + 1])  # header + first text token
         text = torch.cat([head[:, :3], self.tts_pad.expand(1, 4, -1), self.tts_bos, head[:, 3:4]],
                          dim=1)
-        codec_ids = torch.tensor([[tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id,
-                                   seq.speaker_id, tc.codec_pad_id, tc.codec_bos_id]],
-                                 device=self.device)
+        codec_ids = to_device([[tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id,
+                                seq.speaker_id, tc.codec_pad_id, tc.codec_bos_id]], self.device)
         codec = torch.cat([torch.zeros_like(text[:, :3]),
                            self.model.get_input_embeddings()(codec_ids)], dim=1)
         return text + codec

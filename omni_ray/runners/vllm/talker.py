@@ -137,10 +137,11 @@ class VllmTalkerRunner(TalkerRequests):
         if not isinstance(scheduler, TalkerScheduler) or not hasattr(model, "omni_bridge"):
             raise RuntimeError("vLLM did not use omni_ray's talker model / scheduler")
         # Seconds per part of the step loop (the engine's stats; benchmarks diff them):
-        # admit = prefill inputs + add_request; engine = vLLM's step (it includes the bridge's
+        # admit = prefill inputs + add_request (admit_copy: of it, their one copy to the host,
+        # which waits for the GPU); engine = vLLM's step (it includes the bridge's
         # code_predictor, text and logits hooks, counted there too); rest = after the step.
-        self.time_spent = dict(admit_s=0.0, engine_s=0.0, code_predictor_s=0.0, text_s=0.0,
-                               logits_s=0.0, rest_s=0.0, prefills=0, frames=0)
+        self.time_spent = dict(admit_s=0.0, admit_copy_s=0.0, engine_s=0.0, code_predictor_s=0.0,
+                               text_s=0.0, logits_s=0.0, rest_s=0.0, prefills=0, frames=0)
         self._bridge = _Bridge(self.inputs, model_runner, batch, self.time_spent)
         model.omni_bridge = self._bridge
         scheduler.omni_ready = self._bridge.ready
@@ -204,28 +205,38 @@ class VllmTalkerRunner(TalkerRequests):
         return outputs
 
     def _admit(self) -> list[TalkerStepOutput]:
-        """Add the requests whose prefill input is complete to vLLM (one prefill each)."""
+        """Add the requests whose prefill input is complete to vLLM (one prefill each). Their
+        embeddings are built on the device first and reach the host in one copy: one wait for
+        the GPU per step, not one per request (a burst admits dozens at once)."""
         from vllm.inputs import EmbedsPrompt
 
-        errors = []
+        errors, built = [], []
+        room = self.max_num_seqs - len(self._internal)
         for rid, seq in list(self._seqs.items()):
+            if len(built) >= room:
+                break
             if rid in self._internal or not seq.ready():
                 continue
-            if len(self._internal) >= self.max_num_seqs:
-                break
             try:
                 embeds, assistant_len = self.inputs.prefill_embeds(seq)
                 rope = self.inputs.mm_positions(seq, assistant_len)  # [3, 1, L] or None
-                embeds = embeds[0].to("cpu", self._dtype)
+            except Exception as e:  # this request only
+                errors.append(self._refuse(rid, e))
+                continue
+            built.append((rid, seq, embeds[0], rope))
+        if not built:
+            return errors
+        t0 = time.perf_counter()
+        host = torch.cat([e for _, _, e, _ in built]).to("cpu", self._dtype)
+        self.time_spent["admit_copy_s"] += time.perf_counter() - t0
+        for (rid, seq, _, rope), embeds in zip(built, host.split([len(b[2]) for b in built])):
+            try:
                 internal = self.engine.add_request(
                     rid, EmbedsPrompt(prompt_embeds=embeds),
                     _vllm_sampling_params(seq.params, seq.max_frames + 1,
                                           self.inputs.codec_eos))
             except Exception as e:  # this request only
-                del self._seqs[rid]
-                errors.append(TalkerStepOutput(
-                    rid, torch.empty((0, self.num_code_groups), dtype=torch.long), True,
-                    FinishReason.ERROR, f"{type(e).__name__}: {e}"))
+                errors.append(self._refuse(rid, e))
                 continue
             seq.prefilled = True
             self.time_spent["prefills"] += 1
@@ -234,6 +245,12 @@ class VllmTalkerRunner(TalkerRequests):
             if rope is not None:  # vLLM's runner takes them when the request joins a batch
                 self._bridge.positions[internal] = (rope[:, 0].to("cpu"), seq.rope_delta)
         return errors
+
+    def _refuse(self, rid: str, e: Exception) -> TalkerStepOutput:
+        """A request whose prefill could not be admitted: dropped, its error output."""
+        del self._seqs[rid]
+        return TalkerStepOutput(rid, torch.empty((0, self.num_code_groups), dtype=torch.long),
+                                True, FinishReason.ERROR, f"{type(e).__name__}: {e}")
 
     def _positions_hook(self, model_runner) -> None:
         """A multimodal request's 3-D positions (and decode offset) are ours, not the model's
