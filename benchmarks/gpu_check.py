@@ -304,6 +304,8 @@ def phase_standin(chk: Check) -> None:
         if not has_proc:
             chk.line("SKIP", "standin speech-in well-formed", "no processor files")
         base = chk.serve_levels = serve_bench(chk, url, shape, st, cfg)
+        if a.torch_profile:
+            torch_profile(chk, url, shape, a.torch_profile)
         if a.rates:
             poisson_bench(chk, url, shape)
         if a.realtime:
@@ -567,6 +569,56 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
     return levels
 
 
+PROFILE_STEPS, PROFILE_AFTER_S = 40, 3.0  # steps captured per stage; load before the capture
+
+
+def torch_profile(chk: Check, url: str, shape: str, c: int) -> None:
+    """One more load level at concurrency ``c``, not counted among the levels: while it runs, a
+    ``torch.profiler`` capture of every stage engine's next steps (``GET /debug/profile``) ->
+    ``gpu_profile.json`` (ops by device and host time per step, and each stage's table) and an
+    INFO line per stage with its top device ops."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from benchmarks.serve_bench import bench
+    from omni_ray.pipeline.build import STAGES
+
+    if chk.left_s() < 90:
+        chk.line("SKIP", f"torch profile c={c}", f"{chk.left_s():.0f}s left")
+        return
+    b = BENCH[chk.args.device]
+    load = threading.Thread(target=bench, args=(url, f"standin-{shape}-profiled"), kwargs=dict(
+        concurrency=str(c), num_requests=2 * c, max_tokens=b["max_tokens"],
+        max_audio_frames=b["frames"], warmup=0))
+    load.start()
+    time.sleep(PROFILE_AFTER_S)
+    with ThreadPoolExecutor(len(STAGES)) as ex:  # the three captures over the same steps
+        asked = {s: ex.submit(httpx.get, f"{url}/debug/profile", timeout=180, params=dict(
+            stage=s, steps=PROFILE_STEPS, timeout_s=60)) for s in STAGES}
+    load.join()
+    got = {}
+    for stage, fut in asked.items():
+        try:
+            r = fut.result()
+            r.raise_for_status()
+            got[stage] = r.json()
+        except Exception as e:  # noqa: BLE001
+            chk.line("FAIL", f"torch profile c={c} {stage}", f"{type(e).__name__}: {e}")
+            continue
+        p = got[stage]
+        top = p["top_device"] or p["top_host"]
+        key = "device_ms_per_step" if p["top_device"] else "host_ms_per_step"
+        chk.line("PASS" if p["steps"] else "FAIL", f"torch profile c={c} {stage}",
+                 f"{p['steps']} steps, {p['ms_per_step']:.1f} ms/step (profiled); "
+                 f"{key.split('_')[0]} ms/step: " + ", ".join(
+                     f"{o['op'][:48]} {o[key]:.2f}" for o in top[:6]))
+    write(chk.args.out / "gpu_profile.json", dict(
+        commit=chk.data["commit"], device=chk.data["device"], concurrency=c,
+        steps_asked=PROFILE_STEPS, stages=got))
+
+
 def phase_offline(chk: Check) -> None:
     a = chk.args
     out = a.out / "offline"
@@ -778,6 +830,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rate-prompt-words", default="32,2000",
                     help="mixed prompts: words per prompt, log-uniform in LO,HI")
     ap.add_argument("--concurrency", default="", help="standin bench levels (cuda 1,8,32; cpu 1,2)")
+    ap.add_argument("--torch-profile", type=int, default=0, metavar="C",
+                    help="standin: after the bench, one more level at concurrency C with a "
+                         "torch.profiler capture of every stage's steps (gpu_profile.json)")
     ap.add_argument("--realtime", action="store_true", help="standin: also the realtime bench "
                     "(WS /v1/realtime, benchmarks/realtime_bench.py) on the same app")
     ap.add_argument("--num-requests", type=int, default=0,

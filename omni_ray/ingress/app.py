@@ -2,8 +2,8 @@
 
 Routes: ``POST /v1/chat/completions`` (text and/or audio out, streaming or not),
 ``WS /v1/realtime`` (OpenAI's Realtime protocol), ``POST /v1/audio/transcriptions``,
-``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health``, ``GET /debug/stats`` (off unless
-enabled). Python callers use ``generate`` and ``speak``
+``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health``, ``GET /debug/stats``,
+``/debug/timeline``, ``/debug/profile`` (off unless enabled). Python callers use ``generate`` and ``speak``
 (streams: ``handle.options(stream=True)``) and ``transcribe`` through a ``DeploymentHandle``.
 """
 
@@ -241,6 +241,23 @@ class OmniIngress:
             for rid, m in marks.items():
                 out.setdefault(rid, {})[name] = m
         return {"requests": [dict(request_id=rid, **out[rid]) for rid in ids if rid in out]}
+
+    @app.get("/debug/profile")
+    async def debug_profile(self, stage: str = Query(...), steps: int = Query(50, ge=1, le=2000),
+                            timeout_s: float = Query(60.0, gt=0, le=600)) -> dict:
+        """A ``torch.profiler`` summary of ``stage``'s engine over its next ``steps`` steps
+        under the traffic running now (stages/step_profile.py): ops by host and device time."""
+        if not self.args.security.enable_debug_endpoints:
+            raise APIError(404, "debug endpoints are off (security.enable_debug_endpoints)",
+                           type="not_found_error")
+        handle = self.stage_handles.get(stage)
+        if handle is None:
+            raise bad_request(f"stage must be one of {sorted(self.stage_handles)}", "stage")
+        try:
+            return await handle.profile.remote(steps, timeout_s)
+        except ValueError as e:  # another capture is running there
+            raise APIError(409, str(e).strip().splitlines()[-1], param="stage",
+                           code="profile_running") from None
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):

@@ -76,6 +76,8 @@ class StageEngine:
         # Where the loop thread's time goes (seconds; benchmarks diff them around a load level):
         # applying commands and chunks, stepping (the rest it waits); rows = requests stepped.
         self.loop_time = dict(commands_s=0.0, step_s=0.0, rows=0)
+        self._profile = None  # (StepProfile, future) while a capture runs (step thread)
+        self._profiling = False  # the same, seen from the actor's loop
         self.metrics = EngineMetrics(stage)
 
     # -- control plane (called by the Serve replica) ----------------------------------------
@@ -247,6 +249,45 @@ class StageEngine:
             **self.counters,
         )
 
+    async def profile(self, steps: int = 50, timeout_s: float = 60.0) -> dict:
+        """A ``torch.profiler`` summary of this engine's next ``steps`` steps
+        (stages/step_profile.py); when fewer come in ``timeout_s`` (no traffic), of those.
+        ValueError while another capture runs here."""
+        from omni_ray.stages.step_profile import StepProfile
+
+        prof = StepProfile(self.stage, steps)  # ValueError: steps < 1
+        if self._profiling:
+            raise ValueError(f"a profile of the {self.stage} engine is running")
+        self._ensure_thread()
+        self._profiling = True
+        try:
+            done = self._loop.create_future()
+            await self._call(lambda: self._start_profile(prof, done))
+            try:
+                return await asyncio.wait_for(asyncio.shield(done), timeout_s)
+            except asyncio.TimeoutError:
+                self._post(lambda: self._end_profile(prof))
+                return await done
+        finally:
+            self._profiling = False
+
+    def _start_profile(self, prof, done: asyncio.Future) -> None:
+        prof.start()
+        self._profile = (prof, done)
+
+    def _end_profile(self, prof=None) -> None:
+        """On the step thread: stop the running capture (only ``prof``, when given)."""
+        if self._profile is None or (prof is not None and self._profile[0] is not prof):
+            return
+        prof, done = self._profile
+        self._profile = None
+        try:
+            result = prof.finish()
+        except Exception as e:  # the capture failed, not the engine
+            self._loop.call_soon_threadsafe(_set_exc, done, e)
+        else:
+            self._loop.call_soon_threadsafe(_set_result, done, result)
+
     async def request_timeline(self, request_ids: list[str]) -> dict[str, dict[str, float]]:
         """Milestones of these requests here (omni_ray/timeline.py), for ``/debug/timeline``."""
         return self.timeline.get(request_ids)
@@ -312,6 +353,8 @@ class StageEngine:
                     self._dispatch(emits)
                     spent["step_s"] += clock() - t0
                     spent["rows"] += self.logic.last_batch_size
+                    if self._profile is not None and self._profile[0].on_step():
+                        self._end_profile()
         except BaseException as e:  # the loop itself broke: fail everything, loudly
             self._dead = e
             self._loop.call_soon_threadsafe(self._fail_all, e)

@@ -141,6 +141,11 @@ class StageServer:
         out = await self.engine.stats.remote()
         return {**out, **self.sup.stats()}
 
+    async def profile(self, steps: int, timeout_s: float) -> dict:
+        """This replica's engine's ``profile`` (stages/step_profile.py)."""
+        await self.sup.wait_ready(timeout_s=120)
+        return await self.engine.profile.remote(steps, timeout_s)
+
     async def request_timeline(self, request_ids: list[str]) -> dict:
         """This replica's engine's milestones of these requests (omni_ray/timeline.py)."""
         here = self.timeline.get(request_ids)

@@ -136,8 +136,13 @@ def test_tiny_phase_passes_on_cpu(tmp_path):
 def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     rc, lines, _ = run_check(tmp_path, "--phases", "standin", "--num-requests", "2",
                              "--rates", "4", "--rate-requests", "3", "--rate-prompt-words", "8,300",
-                             "--ab", "fifo:pipeline.first_chunks_first=false")
+                             "--ab", "fifo:pipeline.first_chunks_first=false",
+                             "--torch-profile", "2")
     assert rc == 0, "\n".join(lines)
+    prof = json.loads((tmp_path / "gpu_profile.json").read_text())  # every stage, under load
+    assert prof["concurrency"] == 2 and set(prof["stages"]) == {"thinker", "talker", "code2wav"}
+    assert all(p["steps"] > 0 and p["top_host"] for p in prof["stages"].values()), prof
+    assert sum(line.startswith("PASS torch profile c=2 ") for line in lines) == 3
     assert any(line.startswith("PASS standin /v1/models says dummy") for line in lines)
     assert any(line.startswith("PASS standin speech-out well-formed") for line in lines)
     for name in ("gpu_serve.json", "gpu_serve_fifo.json"):  # the base, then the A/B variant

@@ -96,3 +96,32 @@ def test_step_profile_accounts_for_one_request(serve_urls):
     assert prof["thinker"]["steps"] >= r.json()["usage"]["completion_tokens_details"]["text_tokens"]
     assert prof["talker"]["requests_per_step"] == 1.0
     assert "|" in step_profile.table(prof)
+
+
+def test_debug_profile_captures_the_talkers_steps_under_a_request(serve_urls):
+    """``GET /debug/profile``: a ``torch.profiler`` summary of a stage engine's next steps, taken
+    while a spoken answer is made (stages/step_profile.py); bad parameters are 4xx naming them."""
+    import threading
+
+    url = serve_urls["async_chunk"]
+    answer = {}
+
+    def speak():
+        answer["r"] = httpx.post(f"{url}/v1/chat/completions", timeout=180, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}],
+            "max_tokens": 32, "modalities": ["text", "audio"],
+            "audio": {"voice": "ethan", "format": "wav"}, "max_audio_frames": 60})
+
+    t = threading.Thread(target=speak)
+    t.start()
+    r = httpx.get(f"{url}/debug/profile", params={"stage": "talker", "steps": 3}, timeout=120)
+    t.join()
+    assert answer["r"].status_code == 200
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["stage"] == "talker" and got["steps"] == 3
+    assert any(o["op"].startswith("aten::") for o in got["top_host"])
+    for params, field in (({"stage": "vocoder"}, "stage"), ({"stage": "talker", "steps": 0},
+                                                             "steps")):
+        bad = httpx.get(f"{url}/debug/profile", params=params, timeout=30)
+        assert bad.status_code == 400 and field in str(bad.json()["error"]["param"]), bad.text

@@ -135,6 +135,8 @@ def test_key_from_env_var(env_url, url):
     r = httpx.post(f"{env_url}/v1/chat/completions", json=SMALL, headers=auth(ENV_KEY), timeout=60)
     assert r.status_code == 200
     assert_openai_error(httpx.get(f"{env_url}/debug/stats", headers=auth(ENV_KEY)), 404)  # off
+    assert_openai_error(httpx.get(f"{env_url}/debug/profile", params={"stage": "talker"},
+                                  headers=auth(ENV_KEY)), 404)
     assert httpx.get(f"{env_url}/health").status_code == 200
 
 

@@ -1,0 +1,63 @@
+"""A ``torch.profiler`` capture of an engine's next steps (``GET /debug/profile``).
+
+The step clocks (``loop_time``, the runners' ``time_spent``) say which part of a step takes long;
+this says which ops, on the host and on the device, so a step that waits for the GPU shows what
+the GPU was doing. The capture starts and stops between steps on the engine's step thread, over
+the steps of whatever traffic is running; it ends after ``steps`` steps or, without traffic,
+when the caller's wait runs out (with the steps it saw).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+TOP_OPS = 25  # ops per ranking in the summary
+
+
+class StepProfile:
+    """Made and driven on the step thread: ``start``, ``on_step`` after each step, ``finish``."""
+
+    def __init__(self, stage: str, steps: int):
+        if steps < 1:
+            raise ValueError("steps must be >= 1")
+        self.stage, self.want, self.steps = stage, steps, 0
+        self._prof = None
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            acts.append(ProfilerActivity.CUDA)
+        self._prof = profile(activities=acts)
+        self._prof.__enter__()
+        self._t0 = time.perf_counter()
+
+    def on_step(self) -> bool:
+        """Count a step; True when the capture has all it asked for."""
+        self.steps += 1
+        return self.steps >= self.want
+
+    def finish(self) -> dict:
+        """Stop and summarize: per op, calls and milliseconds per step on the host (self time)
+        and on the device (self time of its kernels), top ``TOP_OPS`` by each."""
+        wall = time.perf_counter() - self._t0
+        self._prof.__exit__(None, None, None)
+        n = max(self.steps, 1)
+        device = torch.cuda.is_available()
+        ops = [dict(op=e.key, calls_per_step=e.count / n,
+                    host_ms_per_step=e.self_cpu_time_total / 1e3 / n,
+                    device_ms_per_step=e.self_device_time_total / 1e3 / n)
+               for e in self._prof.key_averages()]
+        by = "self_cuda_time_total" if device else "self_cpu_time_total"
+        return dict(
+            stage=self.stage, steps=self.steps, asked=self.want, wall_s=wall,
+            ms_per_step=1e3 * wall / n, device=device,
+            top_host=sorted(ops, key=lambda o: -o["host_ms_per_step"])[:TOP_OPS],
+            top_device=(sorted(ops, key=lambda o: -o["device_ms_per_step"])[:TOP_OPS]
+                        if device else []),
+            table=self._prof.key_averages().table(sort_by=by, row_limit=TOP_OPS),
+        )
