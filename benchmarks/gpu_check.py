@@ -52,8 +52,9 @@ from benchmarks.serve_proc import REPO_ROOT, ServeRun, child_env, tail
 BASE_CONFIG = REPO_ROOT / "serve_configs" / "qwen3_omni_1gpu.yaml"
 TINY = dict(max_model_len=2048, max_prompt_tokens=1024, max_tokens=24, frames=50,
             kv={"cuda": (1 << 30, 512 << 20), "cpu": (128 << 20, 128 << 20)})
-BENCH = {"cuda": dict(concurrency=[1, 8, 32], max_tokens=128, frames=150),
-         "cpu": dict(concurrency=[1, 2], max_tokens=8, frames=12)}
+# profile_steps: per stage engine in ``--torch-profile`` (a profiled CPU step costs seconds)
+BENCH = {"cuda": dict(concurrency=[1, 8, 32], max_tokens=128, frames=150, profile_steps=40),
+         "cpu": dict(concurrency=[1, 2], max_tokens=8, frames=12, profile_steps=3)}
 
 
 # -- the config ----------------------------------------------------------------------------------
@@ -178,13 +179,29 @@ def timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool,
         ready = sr.since_launch()
         if not (ans["text"] or ans["finish"] == "length"):
             raise RuntimeError(f"first request: {ans}")
-        return sr, dict(healthy_s=round(healthy, 1), first_answer_s=round(ready, 1))
+        st = dict(healthy_s=round(healthy, 1), first_answer_s=round(ready, 1),
+                  start_phases=start_phases(url))
+        chk.line("INFO", f"{tag} start phases", "; ".join(
+            f"{stage} " + ", ".join(f"{k.removesuffix('_s')} {v:g}s" for k, v in ph.items())
+            for stage, ph in st["start_phases"].items()))
+        return sr, st
     except Exception as e:  # noqa: BLE001 - reported as a FAIL line with the log's tail
         sr.stop()
         return None, dict(error=f"{type(e).__name__}: {e}", log_tail=tail(sr.log))
     except BaseException:  # Ctrl-C: no Ray left behind
         sr.stop()
         raise
+
+
+def start_phases(url: str) -> dict:
+    """Each stage engine's start, by part (``/debug/stats``' ``start_phases``: the wait for the
+    GPU's start turn, the build, and the runner's own parts: vLLM's engine, kernel warm-up,
+    graphs)."""
+    import httpx
+
+    stats = httpx.get(f"{url}/debug/stats", timeout=120).json()
+    return {stage: s.get("start_phases") or {} for stage, s in stats.items()
+            if isinstance(s, dict) and "start_phases" in s}
 
 
 def start_timeout(chk: Check) -> float:
@@ -569,7 +586,7 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
     return levels
 
 
-PROFILE_STEPS, PROFILE_AFTER_S = 40, 3.0  # steps captured per stage; load before the capture
+PROFILE_AFTER_S, PROFILE_TIMEOUT_S = 3.0, 60.0  # load before the captures; their longest wait
 
 
 def torch_profile(chk: Check, url: str, shape: str, c: int) -> None:
@@ -589,15 +606,25 @@ def torch_profile(chk: Check, url: str, shape: str, c: int) -> None:
         chk.line("SKIP", f"torch profile c={c}", f"{chk.left_s():.0f}s left")
         return
     b = BENCH[chk.args.device]
-    load = threading.Thread(target=bench, args=(url, f"standin-{shape}-profiled"), kwargs=dict(
-        concurrency=str(c), num_requests=2 * c, max_tokens=b["max_tokens"],
-        max_audio_frames=b["frames"], warmup=0))
-    load.start()
+    captured = threading.Event()
+
+    def load() -> None:  # waves of c requests until every capture has its steps
+        while not captured.is_set():
+            bench(url, f"standin-{shape}-profiled", concurrency=str(c), num_requests=c,
+                  max_tokens=b["max_tokens"], max_audio_frames=b["frames"], warmup=0)
+
+    loader = threading.Thread(target=load)
+    loader.start()
     time.sleep(PROFILE_AFTER_S)
-    with ThreadPoolExecutor(len(STAGES)) as ex:  # the three captures over the same steps
-        asked = {s: ex.submit(httpx.get, f"{url}/debug/profile", timeout=180, params=dict(
-            stage=s, steps=PROFILE_STEPS, timeout_s=60)) for s in STAGES}
-    load.join()
+    try:
+        with ThreadPoolExecutor(len(STAGES)) as ex:  # the three captures over the same steps
+            asked = {s: ex.submit(  # the summary after a capture can take minutes on CPU
+                httpx.get, f"{url}/debug/profile", timeout=600, params=dict(
+                    stage=s, steps=b["profile_steps"], timeout_s=PROFILE_TIMEOUT_S))
+                for s in STAGES}
+    finally:
+        captured.set()
+        loader.join()
     got = {}
     for stage, fut in asked.items():
         try:
@@ -616,7 +643,7 @@ def torch_profile(chk: Check, url: str, shape: str, c: int) -> None:
                      f"{o['op'][:48]} {o[key]:.2f}" for o in top[:6]))
     write(chk.args.out / "gpu_profile.json", dict(
         commit=chk.data["commit"], device=chk.data["device"], concurrency=c,
-        steps_asked=PROFILE_STEPS, stages=got))
+        steps_asked=b["profile_steps"], stages=got))
 
 
 def phase_offline(chk: Check) -> None:

@@ -17,14 +17,15 @@ TOP_OPS = 25  # ops per ranking in the summary
 
 
 class StepProfile:
-    """Made and driven on the step thread: ``start``, ``on_step`` after each step, ``finish``."""
+    """``start``, ``on_step`` after each step and ``stop`` run on the step thread; ``summary``
+    (seconds of Python over the events) runs off it, so the stage steps on meanwhile."""
 
     def __init__(self, stage: str, steps: int):
         if steps < 1:
             raise ValueError("steps must be >= 1")
         self.stage, self.want, self.steps = stage, steps, 0
         self._prof = None
-        self._t0 = 0.0
+        self._t0 = self.wall_s = 0.0
 
     def start(self) -> None:
         from torch.profiler import ProfilerActivity, profile
@@ -41,17 +42,20 @@ class StepProfile:
         self.steps += 1
         return self.steps >= self.want
 
-    def finish(self) -> dict:
-        """Stop and summarize: per op, calls and milliseconds per step on the host (self time)
-        and on the device (self time of its kernels), top ``TOP_OPS`` by each."""
-        wall = time.perf_counter() - self._t0
+    def stop(self) -> None:
+        self.wall_s = time.perf_counter() - self._t0
         self._prof.__exit__(None, None, None)
-        n = max(self.steps, 1)
+
+    def summary(self) -> dict:
+        """Per op, calls and milliseconds per step on the host (self time) and on the device
+        (self time of its kernels), top ``TOP_OPS`` by each; and torch's table."""
+        wall, n = self.wall_s, max(self.steps, 1)
         device = torch.cuda.is_available()
+        averages = self._prof.key_averages()  # slow on many events: once
         ops = [dict(op=e.key, calls_per_step=e.count / n,
                     host_ms_per_step=e.self_cpu_time_total / 1e3 / n,
                     device_ms_per_step=e.self_device_time_total / 1e3 / n)
-               for e in self._prof.key_averages()]
+               for e in averages]
         by = "self_cuda_time_total" if device else "self_cpu_time_total"
         return dict(
             stage=self.stage, steps=self.steps, asked=self.want, wall_s=wall,
@@ -59,5 +63,5 @@ class StepProfile:
             top_host=sorted(ops, key=lambda o: -o["host_ms_per_step"])[:TOP_OPS],
             top_device=(sorted(ops, key=lambda o: -o["device_ms_per_step"])[:TOP_OPS]
                         if device else []),
-            table=self._prof.key_averages().table(sort_by=by, row_limit=TOP_OPS),
+            table=averages.table(sort_by=by, row_limit=TOP_OPS),
         )
