@@ -17,6 +17,7 @@ raises ``StageRequestError`` from the generator instead, after the items queued 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
@@ -59,10 +60,19 @@ class StageEngine:
     def __init__(self, stage: str, model_dir: str, stage_cfg, pipeline, max_model_len: int = 8192):
         self.stage = stage
         self.pipeline = pipeline
+        _log_to_stderr()
         # On a GPU the load waits for its turn: starts sharing a GPU never overlap.
+        t0 = time.perf_counter()
         with gpu_start_turn(stage_cfg.device, stage):
+            t1 = time.perf_counter()
             self.logic = build_stage_logic(stage, model_dir, stage_cfg, pipeline, max_model_len,
                                            kv_transfer=self.kv_transfer)
+        # Where the start went (``stats()``; gpu_check prints it): the wait for the GPU, the
+        # whole build, and the runner's own parts (runners/start_phases.py).
+        self.start_phases = dict(turn_wait_s=round(t1 - t0, 2),
+                                 build_s=round(time.perf_counter() - t1, 2),
+                                 **getattr(self.logic.runner, "start_phases", {}))
+        logging.getLogger("omni_ray").info("%s engine: start phases %s", stage, self.start_phases)
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._reqs: dict[str, _ReqState] = {}
         self._aborted = Tombstones()  # aborts that came before their request
@@ -246,6 +256,7 @@ class StageEngine:
             runner_time=dict(getattr(self.logic.runner, "time_spent", None) or {}),
             senders_in_flight=sum(s.sender.in_flight for s in self._reqs.values() if s.sender),
             held_chunks=sum(s.reorder.held for s in self._reqs.values()),
+            start_phases=dict(self.start_phases),
             **self.counters,
         )
 
@@ -260,14 +271,19 @@ class StageEngine:
             raise ValueError(f"a profile of the {self.stage} engine is running")
         self._ensure_thread()
         self._profiling = True
+        done = self._loop.create_future()
         try:
-            done = self._loop.create_future()
             await self._call(lambda: self._start_profile(prof, done))
             try:
-                return await asyncio.wait_for(asyncio.shield(done), timeout_s)
+                await asyncio.wait_for(asyncio.shield(done), timeout_s)
             except asyncio.TimeoutError:
-                self._post(lambda: self._end_profile(prof))
-                return await done
+                pass
+            self._post(lambda: self._end_profile(prof))  # a no-op when it ended by itself
+            await done
+            return await self._loop.run_in_executor(None, prof.summary)  # off the step thread
+        except BaseException:  # cancelled or failed: the capture must not outlive the call
+            self._post(lambda: self._end_profile(prof))
+            raise
         finally:
             self._profiling = False
 
@@ -282,11 +298,11 @@ class StageEngine:
         prof, done = self._profile
         self._profile = None
         try:
-            result = prof.finish()
+            prof.stop()
         except Exception as e:  # the capture failed, not the engine
             self._loop.call_soon_threadsafe(_set_exc, done, e)
         else:
-            self._loop.call_soon_threadsafe(_set_result, done, result)
+            self._loop.call_soon_threadsafe(_set_result, done, None)
 
     async def request_timeline(self, request_ids: list[str]) -> dict[str, dict[str, float]]:
         """Milestones of these requests here (omni_ray/timeline.py), for ``/debug/timeline``."""
@@ -438,6 +454,18 @@ class StageEngine:
         for st in self._reqs.values():
             st.finished = True
             st.out.put_nowait(StageRequestError(f"{self.stage} engine loop died: {exc!r}"))
+
+
+def _log_to_stderr() -> None:
+    """omni_ray's INFO lines (start turns and phases, kernel warm-up) into the actor's log:
+    nothing configures the ``omni_ray`` logger in an engine process otherwise."""
+    log = logging.getLogger("omni_ray")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 def _brief(exc: BaseException) -> str:

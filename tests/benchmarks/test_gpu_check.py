@@ -143,6 +143,8 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     assert prof["concurrency"] == 2 and set(prof["stages"]) == {"thinker", "talker", "code2wav"}
     assert all(p["steps"] > 0 and p["top_host"] for p in prof["stages"].values()), prof
     assert sum(line.startswith("PASS torch profile c=2 ") for line in lines) == 3
+    (phases,) = [line for line in lines if line.startswith("INFO standin start phases")]
+    assert all(f"{stage} turn_wait " in phases for stage in ("thinker", "talker", "code2wav"))
     assert any(line.startswith("PASS standin /v1/models says dummy") for line in lines)
     assert any(line.startswith("PASS standin speech-out well-formed") for line in lines)
     for name in ("gpu_serve.json", "gpu_serve_fifo.json"):  # the base, then the A/B variant

@@ -5,7 +5,7 @@ The talker's and code2wav's ``check`` tells every refusal, so their add is queue
 thread and the call returns at once: opening a request does not wait for the step in progress.
 The thinker's runner alone can refuse a prompt, so its add still waits. Bad input is refused at
 once either way, and an add that fails later on the step thread ends the request's stream with
-the error."""
+the error. Both engines report where their start went (``start_phases``)."""
 
 from __future__ import annotations
 
@@ -104,3 +104,12 @@ def test_an_add_that_fails_on_the_step_thread_ends_the_stream_with_its_error(eng
             ray.get(ref)
     stats = ray.get(talker.stats.remote())
     assert stats["requests"] == 0 and stats["runner_requests"] == 0 and stats["errors"] >= 1
+
+
+def test_engines_report_where_their_start_went(engines):
+    thinker, talker = (ray.get(engines[s].stats.remote())["start_phases"]
+                       for s in ("thinker", "talker"))
+    for phases in (thinker, talker):
+        assert phases["build_s"] > 0 and phases["turn_wait_s"] >= 0, phases
+    # the talker's runner times its own parts (runners/start_phases.py)
+    assert 0 <= talker["code_predictor_warmup_s"] <= talker["build_s"], talker

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from omni_ray.runners.start_phases import StartPhases
+
 if TYPE_CHECKING:
     from omni_ray.config.pipeline import PipelineConfig
     from omni_ray.config.serving import StageConfig
@@ -57,6 +59,7 @@ class Code2WavRunner:
         self.dtype = str(next(code2wav.parameters()).dtype).removeprefix("torch.")
         self._reqs: dict[str, _Req] = {}
         self._stream = None
+        self.start_phases = StartPhases()
         if mode == "stateful":
             from omni_ray.runners.transformers.code2wav_stream import StreamingCode2Wav
 
@@ -64,8 +67,9 @@ class Code2WavRunner:
             if first_chunk_frames and str(device).startswith("cuda"):
                 from omni_ray.runners.transformers.code2wav_graph import FirstCallGraphs
 
-                self._stream.first_graphs = FirstCallGraphs(self._stream, first_chunk_frames)
-                self._stream.first_graphs.warm_up()
+                with self.start_phases.timed("first_call_graphs_s"):
+                    self._stream.first_graphs = FirstCallGraphs(self._stream, first_chunk_frames)
+                    self._stream.first_graphs.warm_up()
 
     @classmethod
     def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,

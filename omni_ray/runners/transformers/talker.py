@@ -15,6 +15,7 @@ import torch
 
 from omni_ray.payload import FinishReason
 from omni_ray.runners.sampling import sample_token
+from omni_ray.runners.start_phases import StartPhases
 from omni_ray.runners.transformers.talker_inputs import (  # noqa: F401 - re-exported
     ASSISTANT_HEADER, TalkerInputs, TalkerRequests, TalkerSeq, TalkerStepOutput, user_positions)
 
@@ -44,7 +45,9 @@ class TalkerRunner(TalkerRequests):
         self.batch_code_predictor = (str(device).startswith("cuda") if batch_code_predictor is None
                                      else batch_code_predictor)
         self._seqs: dict[str, _Seq] = {}
-        self.inputs.warm_up(max_num_seqs)
+        self.start_phases = StartPhases()
+        with self.start_phases.timed("code_predictor_warmup_s"):
+            self.inputs.warm_up(max_num_seqs)
 
     @classmethod
     def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,

@@ -94,6 +94,8 @@ class VllmTalkerRunner(TalkerRequests):
         ``load_format: dummy`` for random weights)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the bridge lives in this process
         from vllm.engine.arg_utils import EngineArgs
+
+        from omni_ray.runners.start_phases import StartPhases
         from vllm.v1.engine.llm_engine import LLMEngine
 
         from omni_ray.models.vllm_plugin import register
@@ -101,6 +103,7 @@ class VllmTalkerRunner(TalkerRequests):
         from omni_ray.runners.vllm.thinker import _no_torch_compile_on_cpu
 
         register()
+        self.start_phases = phases = StartPhases()
         talker.model.layers = torch.nn.ModuleList()  # vLLM runs the backbone
         self.cfg = config
         self.device = device
@@ -120,7 +123,8 @@ class VllmTalkerRunner(TalkerRequests):
         args.update(engine_kwargs or {})
         from omni_ray.runners.vllm.process import shared_workspace
 
-        with _no_torch_compile_on_cpu(args["enforce_eager"]), shared_workspace():
+        with _no_torch_compile_on_cpu(args["enforce_eager"]), shared_workspace(), \
+                phases.timed("vllm_engine_s"):
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
         self._dtype = getattr(torch, args["dtype"]) if isinstance(args["dtype"], str) else None
         batch = (str(device).startswith("cuda") if batch_code_predictor is None
@@ -148,8 +152,10 @@ class VllmTalkerRunner(TalkerRequests):
         self._positions_hook(model_runner)
         from omni_ray.runners.vllm.kernel_warmup import warm_kernels_on_gpu
 
-        warm_kernels_on_gpu(self.engine, "talker")  # prefill shapes' kernels now, not in traffic
-        self.inputs.warm_up(max_num_seqs)
+        with phases.timed("kernel_warmup_s"):  # prefill shapes' kernels now, not in traffic
+            warm_kernels_on_gpu(self.engine, "talker")
+        with phases.timed("code_predictor_warmup_s"):
+            self.inputs.warm_up(max_num_seqs)
         self._seqs: dict[str, TalkerSeq] = {}
         self._internal: dict[str, str] = {}  # our request id -> vLLM's, once added to vLLM
 

@@ -134,13 +134,16 @@ class VllmThinkerRunner:
                                     CAPTURE_LAYER_KEY: int(accept_hidden_layer)}
         self.kv_transfer = kv_transfer
         self.max_num_seqs = args["max_num_seqs"]
+        from omni_ray.runners.start_phases import StartPhases
+        from omni_ray.runners.vllm.kernel_warmup import warm_kernels_on_gpu
         from omni_ray.runners.vllm.process import shared_workspace
 
-        with _no_torch_compile_on_cpu(args["enforce_eager"]), shared_workspace():
+        self.start_phases = phases = StartPhases()
+        with _no_torch_compile_on_cpu(args["enforce_eager"]), shared_workspace(), \
+                phases.timed("vllm_engine_s"):
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
-        from omni_ray.runners.vllm.kernel_warmup import warm_kernels_on_gpu
-
-        warm_kernels_on_gpu(self.engine, "thinker")  # prefill shapes' kernels now, not in traffic
+        with phases.timed("kernel_warmup_s"):  # prefill shapes' kernels now, not in traffic
+            warm_kernels_on_gpu(self.engine, "thinker")
         self._prompt_lens: dict[str, int] = {}  # running request id -> prompt length
         self._first: dict[str, int] = {}  # prefilled elsewhere: the token to emit first
         self._done_early: list[ThinkerStepOutput] = []  # prefilled requests that end at once
