@@ -120,7 +120,9 @@ def run_check(tmp_path: Path, *argv: str) -> tuple[int, list[str], dict]:
 def test_tiny_phase_passes_on_cpu(tmp_path):
     rc, lines, data = run_check(tmp_path, "--phases", "tiny")
     assert rc == 0, "\n".join(lines)
-    assert all(line.startswith(("PASS", "SKIP")) for line in lines), lines
+    assert all(line.startswith(("PASS", "SKIP", "INFO")) for line in lines), lines
+    assert [line for line in lines if line.startswith("INFO")] == [  # where each start went
+        line for line in lines if line.startswith("INFO tiny_start1 start phases: thinker ")]
     names = {c["name"] for c in data["checks"] if c["status"] == "PASS"}
     assert {"tiny start 1/1", "tiny text == offline cpu", "tiny audio-stream == offline cpu",
             "tiny audio-wav == offline cpu", "tiny speech-out == offline cpu",
