@@ -286,3 +286,85 @@ def test_all_vllm_pipeline_equals_transformers(hf_omni, tiny_model_dir):
             assert_same_answers(pipeline_run(hf_omni, mode), pipeline_run(omni, mode))
     finally:
         omni.shutdown()
+
+
+# -- the code predictor behind the sampler -----------------------------------------------------
+@pytest.fixture(scope="module")
+def batched_talker(tiny_model_dir):
+    """A vLLM talker with the batched code predictor (the GPU's default; off on CPU), which
+    runs it right behind vLLM's sampler."""
+    from omni_ray.models.loading import load_stage
+    from omni_ray.runners.vllm.engine_args import CPU_ENGINE_DEFAULTS
+    from omni_ray.runners.vllm.talker import VllmTalkerRunner
+
+    tk = load_stage(tiny_model_dir, "talker", "cpu", torch.float32)
+    runner = VllmTalkerRunner(tiny_model_dir, tk.module, tk.text_embedding, tk.config,
+                              batch_code_predictor=True,
+                              engine_kwargs={**CPU_ENGINE_DEFAULTS, **ENGINE_KWARGS})
+    yield runner
+    runner.shutdown()
+
+
+@pytest.mark.parametrize("steps_between", [0, 3])
+def test_code_predictor_behind_the_sampler_changes_no_frame(batched_talker, thinker_out,
+                                                            steps_between):
+    """The frames with the code predictor run behind vLLM's sampler (a step early, kept for the
+    request's next step) == with it run in the next step's input, as before; with the text
+    trickling in (steps_between 3) requests wait with a result kept. Every frame came from
+    behind the sampler; nothing is left kept afterwards."""
+    runner, hook = batched_talker, batched_talker._bridge._sampler_hook
+    assert hook is not None
+    hook._on = False
+    late, late_done = _drive(runner, thinker_out, steps_between)
+    hook._on = True
+    before = runner.time_spent["early_frames"]
+    early, early_done = _drive(runner, thinker_out, steps_between)
+    assert early_done == late_done
+    for rid in late:
+        assert torch.equal(early[rid], late[rid]), rid
+    assert runner.time_spent["early_frames"] - before == sum(f.shape[0] for f in early.values())
+    assert not runner._bridge.early
+
+
+def test_abort_drops_the_kept_code_predictor_result(batched_talker, thinker_out):
+    rid, prompt, text, frames = thinker_out[2]
+    batched_talker.add_request(rid, "ethan", GREEDY, frames)
+    batched_talker.push_text(rid, text, True, prompt_token_ids=prompt)
+    for _ in range(4):
+        batched_talker.step()
+    assert rid in batched_talker._bridge.early  # the next frame, made behind the sampler
+    batched_talker.abort(rid)
+    assert not batched_talker._bridge.early and not batched_talker.has_unfinished()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the code predictor's stream is CUDA's")
+def test_code_predictor_on_its_stream_changes_no_frame_on_cuda(tiny_model_dir, thinker_out):
+    """On CUDA (float32, the code predictor's CUDA graphs): run on a stream of its own behind
+    vLLM's sampler, the frames == run in the next step's input on vLLM's stream, with the
+    requests in lockstep and with the text trickling in. CI has no GPU: scripts/device's
+    ``GPU_TESTS`` runs it by its node id."""
+    from omni_ray.models.loading import load_stage
+    from omni_ray.runners.vllm.talker import VllmTalkerRunner
+
+    tk = load_stage(tiny_model_dir, "talker", "cuda", torch.float32)
+    runner = VllmTalkerRunner(tiny_model_dir, tk.module, tk.text_embedding, tk.config,
+                              device="cuda", enforce_eager=True, gpu_memory_utilization=0.1,
+                              engine_kwargs=dict(ENGINE_KWARGS))
+    try:
+        hook = runner._bridge._sampler_hook
+        assert hook is not None and runner.inputs.cp_graphs is not None
+        for steps_between in (0, 3):
+            hook._on = False
+            late, late_done = _drive(runner, thinker_out, steps_between)
+            hook._on = True
+            before = runner.time_spent["early_frames"]
+            early, early_done = _drive(runner, thinker_out, steps_between)
+            assert early_done == late_done
+            for rid in late:
+                assert torch.equal(early[rid], late[rid]), (steps_between, rid)
+            assert runner.time_spent["early_frames"] - before == sum(
+                f.shape[0] for f in early.values())
+            assert not runner._bridge.early
+    finally:
+        runner.shutdown()

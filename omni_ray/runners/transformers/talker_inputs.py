@@ -281,19 +281,24 @@ class TalkerInputs:
                 out = cp(input_ids=code_t, cache=out.cache, use_cache=True, generation_steps=step)
         return torch.tensor([codes], dtype=torch.long), embed_sum
 
-    def residual_codes_batch(self, seqs: list[TalkerSeq], frames_later: bool = False) -> dict:
+    def residual_codes_batch(self, seqs: list[TalkerSeq], frames_later: bool = False,
+                             code0: torch.Tensor | None = None) -> dict:
         """``residual_codes`` for several requests in one batch: {request_id: (frame, embed)}.
 
         ``frames_later`` (the CUDA graphs' path): the frames' host copy is queued, not waited
         for, so the caller can queue more GPU work behind the code predictor; their values may
-        be read only after ``frames_copied()``."""
+        be read only after ``frames_copied()`` (or the event ``take_frames_copy()`` hands out).
+        ``code0`` [B] on the device: each request's codebook-0 code, when it is not yet in
+        ``codec_ids`` (the vLLM talker's sampler hook). The results are the caller's to keep
+        (the graphs hand out copies of their buffers)."""
         from transformers import DynamicCache
 
         greedy = all(s.params.greedy for s in seqs)
         unseeded = all(not s.params.greedy and s.params.seed is None for s in seqs)
         if self.cp_graphs is not None and (greedy or unseeded):
             past = torch.cat([s.past_hidden for s in seqs], dim=0)
-            code0 = to_device([s.codec_ids[-1] for s in seqs], self.device)
+            if code0 is None:
+                code0 = to_device([s.codec_ids[-1] for s in seqs], self.device)
             try:
                 codes, embed_sum = self.cp_graphs(past, code0, sample=not greedy)
             except Exception:  # capture failed: eager from now on, and say so once
@@ -309,7 +314,8 @@ class TalkerInputs:
                 return {s.request_id: (frames[i:i + 1], embed_sum[i:i + 1])
                         for i, s in enumerate(seqs)}
         cp = self.model.code_predictor
-        last = torch.tensor([[s.codec_ids[-1]] for s in seqs], device=self.device)
+        last = (code0.view(-1, 1) if code0 is not None else
+                torch.tensor([[s.codec_ids[-1]] for s in seqs], device=self.device))
         last_embed = self.model.get_input_embeddings()(last)                 # [B, 1, D]
         past = torch.cat([s.past_hidden for s in seqs], dim=0)               # [B, 1, D]
         out = cp(inputs_embeds=torch.cat([past, last_embed], dim=1),
@@ -335,9 +341,16 @@ class TalkerInputs:
 
     def frames_copied(self) -> None:
         """Wait for the last ``residual_codes_batch(frames_later=True)``'s host copy."""
-        event, self._frames_copy = self._frames_copy, None
+        event = self.take_frames_copy()
         if event is not None:
             event.synchronize()
+
+    def take_frames_copy(self):
+        """The last ``residual_codes_batch(frames_later=True)``'s pending host copy (a CUDA
+        event to wait for before reading its frames; None when there is none), now the
+        caller's: ``frames_copied()`` no longer waits for it."""
+        event, self._frames_copy = self._frames_copy, None
+        return event
 
     def finish_reason(self, seq: TalkerSeq) -> FinishReason:
         if seq.codec_ids and seq.codec_ids[-1] == self.codec_eos:

@@ -9,8 +9,11 @@ modules, exactly as for the transformers backbone, and handed to vLLM through ``
 * prefill: ``EmbedsPrompt`` (the user turns + 9 assistant positions), once the first text token
   is known;
 * decode: vLLM asks the model for the embeddings of each token-id row (the codebook-0 code it
-  sampled last step); the bridge maps rows to requests, runs the code predictor for the frame,
-  adds the projected text for this step, and keeps the frame for this runner to emit;
+  sampled last step); the bridge maps rows to requests, takes the frame's 15 other codebooks
+  from the code predictor, adds the projected text for this step, and keeps the frame for this
+  runner to emit. With the batched code predictor (CUDA) the code predictor already ran right
+  behind last step's sampler, on a CUDA stream of its own (``_Bridge.after_sampling``, a wrap
+  of the model runner's ``sampler``), while the CPU finished that step and prepared this one;
 * waiting: ``TalkerScheduler`` does not schedule a request whose next text is unknown. If one is
   ever scheduled anyway, the bridge fails that request loudly instead of decoding on nothing.
 
@@ -20,8 +23,11 @@ tests/vllm fail if their meaning moves): the engine core runs in this process
 ``input_batch.req_ids`` / ``num_reqs`` (row order of the step's requests, vLLM's internal ids as
 ``add_request`` returns them), ``query_start_loc.np`` (each request's rows) and ``is_token_ids.np``
 (rows fed by token id, not by prompt embedding); ``engine_core.engine_core.scheduler``; and
-``compute_logits`` receiving one hidden row per request in ``req_ids`` order. Async scheduling is
-off (the bridge needs last step's sampled code before it builds the next input).
+``compute_logits`` receiving one hidden row per request in ``req_ids`` order; the model runner's
+``sampler`` (called once per step with the rows' logits, returning ``sampled_token_ids``) and
+``discard_request_mask`` (rows whose sample is thrown away: a prompt still being prefilled).
+Async scheduling is off (the bridge needs last step's sampled code before it builds the next
+input).
 
 Multimodal prompts: the talker's 3-D (mrope) positions come from transformers' ``get_rope_index``
 (``TalkerInputs.mm_positions``) and reach vLLM through a wrapper on the model runner's
@@ -31,7 +37,9 @@ code predictor runs in PyTorch (CUDA graphs on GPU), not in vLLM's forward.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -49,6 +57,7 @@ if TYPE_CHECKING:
     from omni_ray.config.pipeline import PipelineConfig
     from omni_ray.config.serving import StageConfig
 
+logger = logging.getLogger(__name__)
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH,
                    "abort": FinishReason.ABORT}
 # Qwen3-MoE config fields vLLM reads, copied from the talker's text config.
@@ -80,18 +89,22 @@ class VllmTalkerRunner(TalkerRequests):
                                              "kv_cache_memory_bytes": 256 << 20})
         return cls(model_dir, tk.module, tk.text_embedding, tk.config, dtype=stage_cfg.dtype,
                    device=stage_cfg.device, max_num_seqs=stage_cfg.max_num_seqs,
-                   engine_kwargs=kwargs, compile_graphs=stage_cfg.compile_graphs)
+                   engine_kwargs=kwargs, compile_graphs=stage_cfg.compile_graphs,
+                   early_code_predictor=stage_cfg.early_code_predictor)
 
     def __init__(self, model_dir: str | os.PathLike, talker, text_embedding, config, *,
                  dtype: str = "float32", device: str = "cpu", max_num_seqs: int = 64,
                  max_model_len: int = 4096, gpu_memory_utilization: float = 0.2,
                  enforce_eager: bool = False, batch_code_predictor: bool | None = None,
-                 engine_kwargs: dict | None = None, compile_graphs: bool = False):
+                 engine_kwargs: dict | None = None, compile_graphs: bool = False,
+                 early_code_predictor: bool = True):
         """``talker`` / ``text_embedding`` / ``config``: transformers' talker module (its backbone
         layers are dropped here: vLLM holds its own copy), the thinker's token embedding table and
         the checkpoint's ``Qwen3OmniMoeConfig``, as ``load_stage(model_dir, "talker")`` gives
         them. ``engine_kwargs`` go to vLLM's ``EngineArgs`` and override the rest (e.g.
-        ``load_format: dummy`` for random weights)."""
+        ``load_format: dummy`` for random weights). ``early_code_predictor`` (with the batched
+        code predictor): it runs right behind vLLM's sampler, not in the next step's input
+        (``_Bridge.after_sampling``)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the bridge lives in this process
         from vllm.engine.arg_utils import EngineArgs
 
@@ -135,6 +148,7 @@ class VllmTalkerRunner(TalkerRequests):
             model = model_runner.get_model()
             scheduler = core.scheduler
             model_runner.input_batch, model_runner.query_start_loc, model_runner.is_token_ids  # noqa: B018
+            model_runner.sampler, model_runner.discard_request_mask  # noqa: B018
         except AttributeError as e:
             raise RuntimeError("vLLM internals the talker bridge relies on have moved "
                                f"({e}); see omni_ray/runners/vllm/talker.py") from e
@@ -145,9 +159,12 @@ class VllmTalkerRunner(TalkerRequests):
         # which waits for the GPU); engine = vLLM's step (it includes the bridge's
         # code_predictor, text and logits hooks, counted there too); rest = after the step.
         self.time_spent = dict(admit_s=0.0, admit_copy_s=0.0, engine_s=0.0, code_predictor_s=0.0,
-                               text_s=0.0, logits_s=0.0, rest_s=0.0, prefills=0, frames=0)
+                               text_s=0.0, logits_s=0.0, rest_s=0.0, prefills=0, frames=0,
+                               early_frames=0)
         self._bridge = _Bridge(self.inputs, model_runner, batch, self.time_spent)
         model.omni_bridge = self._bridge
+        if batch and early_code_predictor:
+            model_runner.sampler = _AfterSampling(model_runner.sampler, self._bridge)
         scheduler.omni_ready = self._bridge.ready
         self._positions_hook(model_runner)
         from omni_ray.runners.vllm.kernel_warmup import warm_kernels_on_gpu
@@ -163,6 +180,7 @@ class VllmTalkerRunner(TalkerRequests):
     def abort(self, request_id: str) -> bool:
         seq = self._seqs.pop(request_id, None)
         internal = self._internal.pop(request_id, None)
+        self._bridge.early.pop(request_id, None)
         if internal is not None:
             self._bridge.seqs.pop(internal, None)
             self._bridge.positions.pop(internal, None)
@@ -181,6 +199,7 @@ class VllmTalkerRunner(TalkerRequests):
         finished: dict[str, FinishReason] = {}
         step_outputs = self.engine.step()
         self.inputs.frames_copied()  # the bridge's frames reached the host (long since, by now)
+        self._bridge.frames_copied()
         t0 = time.perf_counter()
         spent["engine_s"] += t0 - t1
         for out in step_outputs:
@@ -278,6 +297,7 @@ class VllmTalkerRunner(TalkerRequests):
 
     def _forget(self, request_id: str) -> None:
         self._seqs.pop(request_id, None)
+        self._bridge.early.pop(request_id, None)
         internal = self._internal.pop(request_id, None)
         if internal is not None:
             self._bridge.seqs.pop(internal, None)
@@ -304,6 +324,14 @@ class _Bridge:
         self.frames: dict[str, torch.Tensor] = {}  # our request id -> frame made this step
         self.errors: dict[str, str] = {}           # our request id -> why it failed this step
         self.positions: dict[str, tuple] = {}      # vLLM's request id -> (mrope [3, L], delta)
+        # our request id -> (frame, summed embedding, copy event): the code predictor's result
+        # for the code vLLM sampled last (after_sampling), for the request's next step
+        self.early: dict[str, tuple[torch.Tensor, torch.Tensor, object]] = {}
+        self._emitted: list = []  # copy events of the early frames this step emits
+        self._fresh = 0  # rows whose hidden state on_logits took this step
+        self._stream = None   # CUDA: the code predictor's stream behind the sampler
+        self._cp_done = None  # CUDA: event after its last run there
+        self._sampler_hook: _AfterSampling | None = None
         self._suppress = None
         self._unseen = None  # the penalty's all-False row (requests without a penalty)
         self._dtype = inputs.tts_pad.dtype  # the code predictor's (vLLM's may differ on CPU)
@@ -353,11 +381,20 @@ class _Bridge:
                 live.append(seq)
         residual = {}
         t0 = time.perf_counter()
-        if self.batch_code_predictor and live:
+        self._join_side_stream()
+        for seq in live:  # computed behind last step's sampler
+            if (early := self.early.pop(seq.request_id, None)) is not None:
+                frame, embed, event = early
+                residual[seq.request_id] = (frame, embed)
+                self.spent["early_frames"] += 1
+                if event is not None:
+                    self._emitted.append(event)
+        rest = [seq for seq in live if seq.request_id not in residual]
+        if self.batch_code_predictor and rest:
             try:
-                residual = self.inputs.residual_codes_batch(live, frames_later=True)
+                residual.update(self.inputs.residual_codes_batch(rest, frames_later=True))
             except Exception:  # one request at a time below isolates the failure
-                residual = {}
+                pass
         embeds = {}
         ok = []
         for seq in live:
@@ -386,6 +423,85 @@ class _Bridge:
         self.spent["text_s"] += time.perf_counter() - t1
         return out
 
+    def after_sampling(self, sampled: torch.Tensor) -> None:
+        """Right behind vLLM's sampler (``sampled``: [rows, 1] codebook-0 codes, on the
+        device): the code predictor for every row of ours that sampled a code, queued on the
+        GPU without waiting, kept in ``early`` for the request's next step. The GPU runs it
+        while vLLM and the engine finish this step and prepare the next on the CPU (in
+        ``decode_embeds`` it ran after that preparation, the GPU idle meanwhile). Rows whose
+        code is thrown away (a prompt still being prefilled) are skipped; a code that ends
+        the request makes a frame nobody takes (dropped when the request is forgotten)."""
+        fresh, self._fresh = self._fresh, 0
+        batch = self.runner.input_batch
+        n = batch.num_reqs
+        if n == 0 or fresh != n or sampled.shape[0] < n:
+            return  # warm-up, or on_logits did not take this step's hidden states
+        try:
+            self._after_sampling(sampled, n)
+        except Exception:  # noqa: BLE001 - the next decode_embeds computes what is missing
+            logger.exception("talker: the code predictor behind the sampler failed; it runs "
+                             "in the next step's input from now on")
+            self._sampler_hook.disable()
+
+    def _after_sampling(self, sampled: torch.Tensor, n: int) -> None:
+        batch = self.runner.input_batch
+        discard = self.runner.discard_request_mask.np[:n]
+        rows, seqs = [], []
+        for i, internal in enumerate(batch.req_ids[:n]):
+            seq = self.seqs.get(internal)
+            if seq is not None and not discard[i] and seq.past_hidden is not None:
+                rows.append(i)
+                seqs.append(seq)
+        if not seqs:
+            return
+        t0 = time.perf_counter()
+        code0 = sampled[:n, 0] if len(rows) == n else sampled[to_device(rows, sampled.device), 0]
+        code0 = code0.to(torch.long)
+        side = self._side_stream(sampled.device)
+        with contextlib.ExitStack() as on_side:
+            if side is not None:
+                # behind the sampler on the GPU, but on a stream of its own: vLLM's wait for the
+                # sampled codes (an event on its stream) does not wait for the code predictor
+                side.wait_stream(torch.cuda.current_stream(sampled.device))
+                code0.record_stream(side)  # inputs made on vLLM's stream: kept until read
+                for seq in seqs:
+                    seq.past_hidden.record_stream(side)
+                on_side.enter_context(torch.cuda.stream(side))
+            try:
+                got = self.inputs.residual_codes_batch(seqs, frames_later=True, code0=code0)
+            except Exception:  # the next step's decode_embeds computes them (and isolates it)
+                got = {}
+            event = self.inputs.take_frames_copy()
+            if side is not None:
+                self._cp_done = torch.cuda.Event()
+                self._cp_done.record(side)
+        for seq in seqs:
+            if seq.request_id in got:
+                self.early[seq.request_id] = (*got[seq.request_id], event)
+        self.spent["code_predictor_s"] += time.perf_counter() - t0
+
+    def _side_stream(self, device: torch.device):
+        """The CUDA stream the code predictor runs on behind the sampler (None off CUDA)."""
+        if device.type != "cuda":
+            return None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        return self._stream
+
+    def _join_side_stream(self) -> None:
+        """vLLM's stream waits (on the GPU) for the code predictor's last run: its results are
+        read from here on, and its CUDA graphs may be replayed here next."""
+        if self._cp_done is not None:
+            torch.cuda.current_stream(self._stream.device).wait_event(self._cp_done)
+            self._cp_done = None
+
+    def frames_copied(self) -> None:
+        """Wait for the host copies of the early frames this step emitted (done long since:
+        they were queued a step ago)."""
+        for event in self._emitted:
+            event.synchronize()
+        self._emitted.clear()
+
     def on_logits(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Keep each request's last hidden state; suppress non-codec ids; repetition penalty."""
         t0 = time.perf_counter()
@@ -404,6 +520,7 @@ class _Bridge:
             return logits
         penalized: list[TalkerSeq | None] = []
         new_rows, new_codes = [], []
+        self._fresh = n
         for i, internal in enumerate(batch.req_ids[:n]):
             seq = self.seqs.get(internal)
             if seq is not None:
@@ -438,6 +555,29 @@ class _Bridge:
         p = to_device([s.params.repetition_penalty if s is not None else 1.0
                        for s in penalized], logits.device, logits.dtype)[:, None]
         return torch.where(seen, torch.where(logits < 0, logits * p, logits / p), logits)
+
+
+class _AfterSampling:
+    """vLLM's sampler, then the bridge's ``after_sampling`` on what it sampled (wraps the
+    model runner's ``sampler``; its other attributes are the sampler's)."""
+
+    def __init__(self, sampler, bridge: _Bridge):
+        self._sampler = sampler
+        self._bridge = bridge
+        self._on = True
+        bridge._sampler_hook = self
+
+    def disable(self) -> None:
+        self._on = False
+
+    def __call__(self, *args, **kwargs):
+        out = self._sampler(*args, **kwargs)
+        if self._on:
+            self._bridge.after_sampling(out.sampled_token_ids)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._sampler, name)
 
 
 def write_backbone_dir(model_dir: Path, out: Path) -> None:
