@@ -60,9 +60,10 @@ def thinker_out(hf_omni):
             for r, o in zip(reqs, outs)]
 
 
-def _drive(runner, feeds, steps_between=0, params=GREEDY):
+def _drive(runner, feeds, steps_between=0, params=GREEDY, first_at=None):
     """Run ``feeds`` [(rid, prompt, text, max_frames)] to the end; text arrives one token per
-    ``steps_between`` steps when that is > 0 (the thinker behind the talker)."""
+    ``steps_between`` steps when that is > 0 (the thinker behind the talker). ``first_at``: a
+    dict to fill with the step each request's first frame came out of."""
     for rid, prompt, text, frames in feeds:
         runner.add_request(rid, "ethan", params, frames)
         first = text[:1] if steps_between else text
@@ -75,6 +76,8 @@ def _drive(runner, feeds, steps_between=0, params=GREEDY):
     while runner.has_unfinished():
         for o in runner.step():
             got[o.request_id].append(o.frames)
+            if first_at is not None and o.frames.shape[0]:
+                first_at.setdefault(o.request_id, step)
             if o.finished:
                 done[o.request_id] = (o.finish_reason, o.error)
         step += 1
@@ -305,25 +308,39 @@ def batched_talker(tiny_model_dir):
     runner.shutdown()
 
 
+def _early_equals_late(runner, thinker_out, steps_between):
+    """Frames with the code predictor behind the sampler == with it in the next step's input;
+    every frame came from behind the sampler, a request's first a step sooner (or more, when
+    the next text token is late); nothing is left kept afterwards."""
+    hook = runner._bridge._sampler_hook
+    assert hook is not None
+    late_first, early_first = {}, {}
+    hook._on = False
+    late, late_done = _drive(runner, thinker_out, steps_between, first_at=late_first)
+    hook._on = True
+    before = dict(runner.time_spent)
+    early, early_done = _drive(runner, thinker_out, steps_between, first_at=early_first)
+    assert early_done == late_done
+    for rid in late:
+        assert torch.equal(early[rid], late[rid]), (steps_between, rid)
+    made = sum(f.shape[0] for f in early.values())
+    assert runner.time_spent["early_frames"] - before["early_frames"] == made
+    assert runner.time_spent["frames"] - before["frames"] == made
+    # the late path made the first frame inside the next decode step, which waits for the next
+    # text token; behind the sampler it needs none
+    assert set(early_first) == set(late_first)
+    assert all(early_first[r] <= late_first[r] - 1 for r in late_first), (early_first, late_first)
+    if not steps_between:
+        assert early_first == {rid: step - 1 for rid, step in late_first.items()}
+    assert not runner._bridge.early
+
+
 @pytest.mark.parametrize("steps_between", [0, 3])
 def test_code_predictor_behind_the_sampler_changes_no_frame(batched_talker, thinker_out,
                                                             steps_between):
-    """The frames with the code predictor run behind vLLM's sampler (a step early, kept for the
-    request's next step) == with it run in the next step's input, as before; with the text
-    trickling in (steps_between 3) requests wait with a result kept. Every frame came from
-    behind the sampler; nothing is left kept afterwards."""
-    runner, hook = batched_talker, batched_talker._bridge._sampler_hook
-    assert hook is not None
-    hook._on = False
-    late, late_done = _drive(runner, thinker_out, steps_between)
-    hook._on = True
-    before = runner.time_spent["early_frames"]
-    early, early_done = _drive(runner, thinker_out, steps_between)
-    assert early_done == late_done
-    for rid in late:
-        assert torch.equal(early[rid], late[rid]), rid
-    assert runner.time_spent["early_frames"] - before == sum(f.shape[0] for f in early.values())
-    assert not runner._bridge.early
+    """Requests in lockstep (all text known) and with the text trickling in (a token every 3
+    steps: requests wait with a result kept)."""
+    _early_equals_late(batched_talker, thinker_out, steps_between)
 
 
 def test_abort_drops_the_kept_code_predictor_result(batched_talker, thinker_out):
@@ -352,19 +369,8 @@ def test_code_predictor_on_its_stream_changes_no_frame_on_cuda(tiny_model_dir, t
                               device="cuda", enforce_eager=True, gpu_memory_utilization=0.1,
                               engine_kwargs=dict(ENGINE_KWARGS))
     try:
-        hook = runner._bridge._sampler_hook
-        assert hook is not None and runner.inputs.cp_graphs is not None
+        assert runner.inputs.cp_graphs is not None
         for steps_between in (0, 3):
-            hook._on = False
-            late, late_done = _drive(runner, thinker_out, steps_between)
-            hook._on = True
-            before = runner.time_spent["early_frames"]
-            early, early_done = _drive(runner, thinker_out, steps_between)
-            assert early_done == late_done
-            for rid in late:
-                assert torch.equal(early[rid], late[rid]), (steps_between, rid)
-            assert runner.time_spent["early_frames"] - before == sum(
-                f.shape[0] for f in early.values())
-            assert not runner._bridge.early
+            _early_equals_late(runner, thinker_out, steps_between)
     finally:
         runner.shutdown()

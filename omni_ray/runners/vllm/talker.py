@@ -43,6 +43,7 @@ import logging
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -211,8 +212,11 @@ class VllmTalkerRunner(TalkerRequests):
             if out.finished:
                 finished[out.request_id] = _FINISH_REASONS.get(completion.finish_reason,
                                                                FinishReason.ERROR)
+        first = self._bridge.first_frames(finished)
         for rid, seq in list(self._seqs.items()):
             frame = self._bridge.frames.pop(rid, None)
+            if rid in first:
+                frame = first[rid]
             error = self._bridge.errors.pop(rid, None)
             if frame is None and error is None and rid not in finished:
                 continue
@@ -324,9 +328,9 @@ class _Bridge:
         self.frames: dict[str, torch.Tensor] = {}  # our request id -> frame made this step
         self.errors: dict[str, str] = {}           # our request id -> why it failed this step
         self.positions: dict[str, tuple] = {}      # vLLM's request id -> (mrope [3, L], delta)
-        # our request id -> (frame, summed embedding, copy event): the code predictor's result
-        # for the code vLLM sampled last (after_sampling), for the request's next step
-        self.early: dict[str, tuple[torch.Tensor, torch.Tensor, object]] = {}
+        # our request id -> the code predictor's result for the code vLLM sampled last
+        # (after_sampling), for the request's next step
+        self.early: dict[str, _Early] = {}
         self._emitted: list = []  # copy events of the early frames this step emits
         self._fresh = 0  # rows whose hidden state on_logits took this step
         self._stream = None   # CUDA: the code predictor's stream behind the sampler
@@ -382,13 +386,15 @@ class _Bridge:
         residual = {}
         t0 = time.perf_counter()
         self._join_side_stream()
+        sent = set()  # first frames, out the step they were made (first_frames)
         for seq in live:  # computed behind last step's sampler
             if (early := self.early.pop(seq.request_id, None)) is not None:
-                frame, embed, event = early
-                residual[seq.request_id] = (frame, embed)
+                residual[seq.request_id] = (early.frame, early.embed)
                 self.spent["early_frames"] += 1
-                if event is not None:
-                    self._emitted.append(event)
+                if early.emitted:
+                    sent.add(seq.request_id)
+                elif early.copy is not None:
+                    self._emitted.append(early.copy)
         rest = [seq for seq in live if seq.request_id not in residual]
         if self.batch_code_predictor and rest:
             try:
@@ -406,13 +412,14 @@ class _Bridge:
             ok.append((seq, got))
         t1 = time.perf_counter()
         self.spent["code_predictor_s"] += t1 - t0
-        self.spent["frames"] += len(ok)
         if ok:
             text = self.inputs.trailing_batch([seq for seq, _ in ok])  # [n, 1, D]
             for i, (seq, (frame, codec_embed)) in enumerate(ok):
                 embeds[seq.request_id] = codec_embed + text[i:i + 1]
                 seq.gen_step += 1
-                self.frames[seq.request_id] = frame
+                if seq.request_id not in sent:
+                    self.frames[seq.request_id] = frame
+                    self.spent["frames"] += 1
         like = embed_codes(input_ids[:1])
         out = torch.zeros((len(rows), like.shape[-1]), dtype=like.dtype, device=like.device)
         have = [(r, embeds[rid]) for r, (_, internal) in enumerate(rows)
@@ -477,7 +484,7 @@ class _Bridge:
                 self._cp_done.record(side)
         for seq in seqs:
             if seq.request_id in got:
-                self.early[seq.request_id] = (*got[seq.request_id], event)
+                self.early[seq.request_id] = _Early(seq, *got[seq.request_id], event)
         self.spent["code_predictor_s"] += time.perf_counter() - t0
 
     def _side_stream(self, device: torch.device):
@@ -501,6 +508,23 @@ class _Bridge:
         for event in self._emitted:
             event.synchronize()
         self._emitted.clear()
+
+    def first_frames(self, finished) -> dict[str, torch.Tensor]:
+        """{request id: frame} of the requests whose first frame the code predictor made
+        behind this step's sampler, out now rather than with the next step (a step sooner to
+        the first audio). The one wait for the GPU this costs (the frame's host copy) is paid
+        in the steps that make a first frame only. ``finished``: requests that ended this
+        step (a first code that ends the answer makes no frame)."""
+        out = {}
+        for rid, early in self.early.items():
+            if early.emitted or early.seq.gen_step or rid in finished:
+                continue
+            if early.copy is not None:
+                early.copy.synchronize()
+            early.emitted = True
+            out[rid] = early.frame
+        self.spent["frames"] += len(out)
+        return out
 
     def on_logits(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Keep each request's last hidden state; suppress non-codec ids; repetition penalty."""
@@ -555,6 +579,17 @@ class _Bridge:
         p = to_device([s.params.repetition_penalty if s is not None else 1.0
                        for s in penalized], logits.device, logits.dtype)[:, None]
         return torch.where(seen, torch.where(logits < 0, logits * p, logits / p), logits)
+
+
+@dataclass
+class _Early:
+    """The code predictor's result for the code vLLM sampled last (``after_sampling``)."""
+
+    seq: TalkerSeq
+    frame: torch.Tensor  # [1, 16], on the host once ``copy`` is done
+    embed: torch.Tensor  # [1, 1, D]: the 16 codes' summed embeddings, the next step's input
+    copy: object         # CUDA event of the frame's host copy (None off CUDA)
+    emitted: bool = False  # a first frame, already out (first_frames)
 
 
 class _AfterSampling:
