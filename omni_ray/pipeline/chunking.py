@@ -13,9 +13,11 @@ import torch
 from omni_ray.payload import CodecChunk, FinishReason, ThinkerChunk
 
 
-# The talker's prefill needs the first generated token and its first frame the next two (each
-# frame speaks one text token and needs the one after it: runners/transformers/talker_inputs.py),
-# so until this many tokens have gone, text goes at once whatever the interval.
+# The talker's prefill needs the first generated token and its first decode steps the next two
+# (each step speaks one text token and needs the one after it: runners/transformers/
+# talker_inputs.py; the vLLM talker on CUDA sends the first frame from the prefill alone, its
+# code predictor behind the sampler), so until this many tokens have gone, text goes at once
+# whatever the interval.
 TALKER_FIRST_FRAME_TOKENS = 3
 
 
