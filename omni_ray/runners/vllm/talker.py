@@ -198,6 +198,9 @@ class VllmTalkerRunner(TalkerRequests):
         if not self._internal:
             return outputs
         finished: dict[str, FinishReason] = {}
+        # vLLM's stream runs nothing of this step before the code predictor's last run ends (on
+        # the GPU: the CPU goes on); a step without decode rows may overwrite what it read
+        self._bridge._join_side_stream()
         step_outputs = self.engine.step()
         self.inputs.frames_copied()  # the bridge's frames reached the host (long since, by now)
         self._bridge.frames_copied()
@@ -497,7 +500,8 @@ class _Bridge:
 
     def _join_side_stream(self) -> None:
         """vLLM's stream waits (on the GPU) for the code predictor's last run: its results are
-        read from here on, and its CUDA graphs may be replayed here next."""
+        read from here on, its CUDA graphs may be replayed here next, and its inputs (last
+        step's hidden states) may be overwritten."""
         if self._cp_done is not None:
             torch.cuda.current_stream(self._stream.device).wait_event(self._cp_done)
             self._cp_done = None
