@@ -21,8 +21,8 @@ vLLM internals the bridge reads (vLLM 0.26; checked when the engine starts, and 
 tests/vllm fail if their meaning moves): the engine core runs in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); ``model_executor.driver_worker.worker.model_runner`` with
 ``input_batch.req_ids`` / ``num_reqs`` (row order of the step's requests, vLLM's internal ids as
-``add_request`` returns them), ``query_start_loc.np`` (each request's rows) and ``is_token_ids.np``
-(rows fed by token id, not by prompt embedding); ``engine_core.engine_core.scheduler``; and
+``add_request`` returns them), ``query_start_loc.np`` (each request's rows), ``is_token_ids.np``
+(rows fed by token id, not by prompt embedding) and ``input_ids.np`` (the ids fed, on the host); ``engine_core.engine_core.scheduler``; and
 ``compute_logits`` receiving one hidden row per request in ``req_ids`` order; the model runner's
 ``sampler`` (called once per step with the rows' logits, returning ``sampled_token_ids``) and
 ``discard_request_mask`` (rows whose sample is thrown away: a prompt still being prefilled).
@@ -148,8 +148,9 @@ class VllmTalkerRunner(TalkerRequests):
             model_runner = self.engine.model_executor.driver_worker.worker.model_runner
             model = model_runner.get_model()
             scheduler = core.scheduler
-            model_runner.input_batch, model_runner.query_start_loc, model_runner.is_token_ids  # noqa: B018
-            model_runner.sampler, model_runner.discard_request_mask  # noqa: B018
+            for name in ("input_batch", "query_start_loc", "is_token_ids", "input_ids",
+                         "sampler", "discard_request_mask"):
+                getattr(model_runner, name)
         except AttributeError as e:
             raise RuntimeError("vLLM internals the talker bridge relies on have moved "
                                f"({e}); see omni_ray/runners/vllm/talker.py") from e
@@ -350,27 +351,30 @@ class _Bridge:
             return True  # not ours, or still in its prefill
         return seq.ready() or seq.request_id in self.errors
 
-    def _rows(self) -> list[tuple[int, str]]:
-        """(request index, vLLM request id) of each token-id row of this step, in row order."""
+    def _rows(self) -> tuple[list[tuple[int, str]], list[int]]:
+        """(request index, vLLM request id) of each token-id row of this step, in row order, and
+        the token ids vLLM feeds them, read from its host copy (with async scheduling off, the
+        ids it sent to the GPU): reading the device's would wait for the GPU, which by now is
+        running the code predictor behind last step's sampler."""
         batch = self.runner.input_batch
         n = batch.num_reqs
         starts = self.runner.query_start_loc.np[:n + 1]
-        is_token = self.runner.is_token_ids.np[:int(starts[n])] if n else ()
+        total = int(starts[n]) if n else 0
+        is_token = self.runner.is_token_ids.np[:total].astype(bool)
         rows = []
         for i, internal in enumerate(batch.req_ids[:n]):
             rows += [(i, internal)] * int(is_token[int(starts[i]):int(starts[i + 1])].sum())
-        return rows
+        return rows, self.runner.input_ids.np[:total][is_token].tolist()
 
     def decode_embeds(self, input_ids: torch.Tensor, embed_codes) -> torch.Tensor:
         """[rows, D] inputs for the token-id rows: frame k-1's summed codebook embeddings plus
         the projected text of step k; runs the code predictor and keeps frame k-1."""
-        rows = self._rows()
+        rows, ids = self._rows()
         if not rows:  # warm-up / profiling: no requests of ours
             return embed_codes(input_ids)
         if len(rows) != input_ids.shape[0]:
             raise RuntimeError(f"talker bridge: {input_ids.shape[0]} token rows, the batch "
                                f"layout says {len(rows)} (vLLM internals moved?)")
-        ids = input_ids.tolist()
         live = []
         for (_, internal), token in zip(rows, ids):
             seq = self.seqs.get(internal)
