@@ -22,12 +22,12 @@ tests/vllm fail if their meaning moves): the engine core runs in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); ``model_executor.driver_worker.worker.model_runner`` with
 ``input_batch.req_ids`` / ``num_reqs`` (row order of the step's requests, vLLM's internal ids as
 ``add_request`` returns them), ``query_start_loc.np`` (each request's rows), ``is_token_ids.np``
-(rows fed by token id, not by prompt embedding) and ``input_ids.np`` (the ids fed, on the host); ``engine_core.engine_core.scheduler``; and
-``compute_logits`` receiving one hidden row per request in ``req_ids`` order; the model runner's
-``sampler`` (called once per step with the rows' logits, returning ``sampled_token_ids``) and
-``discard_request_mask`` (rows whose sample is thrown away: a prompt still being prefilled).
-Async scheduling is off (the bridge needs last step's sampled code before it builds the next
-input).
+(rows fed by token id, not by prompt embedding) and ``input_ids.np`` (the ids fed, on the
+host); ``engine_core.engine_core.scheduler``; ``compute_logits`` receiving one hidden row per
+request in ``req_ids`` order; the model runner's ``sampler`` (called once per step with the
+rows' logits, returning ``sampled_token_ids``) and ``discard_request_mask`` (rows whose
+sample is thrown away: a prompt still being prefilled). Async scheduling is off (the bridge
+needs last step's sampled code before it builds the next input).
 
 Multimodal prompts: the talker's 3-D (mrope) positions come from transformers' ``get_rope_index``
 (``TalkerInputs.mm_positions``) and reach vLLM through a wrapper on the model runner's
@@ -201,7 +201,7 @@ class VllmTalkerRunner(TalkerRequests):
         finished: dict[str, FinishReason] = {}
         # vLLM's stream runs nothing of this step before the code predictor's last run ends (on
         # the GPU: the CPU goes on); a step without decode rows may overwrite what it read
-        self._bridge._join_side_stream()
+        self._bridge.join_side_stream()
         step_outputs = self.engine.step()
         self.inputs.frames_copied()  # the bridge's frames reached the host (long since, by now)
         self._bridge.frames_copied()
@@ -392,7 +392,6 @@ class _Bridge:
                 live.append(seq)
         residual = {}
         t0 = time.perf_counter()
-        self._join_side_stream()
         sent = set()  # first frames, out the step they were made (first_frames)
         for seq in live:  # computed behind last step's sampler
             if (early := self.early.pop(seq.request_id, None)) is not None:
@@ -502,10 +501,11 @@ class _Bridge:
             self._stream = torch.cuda.Stream(device)
         return self._stream
 
-    def _join_side_stream(self) -> None:
-        """vLLM's stream waits (on the GPU) for the code predictor's last run: its results are
-        read from here on, its CUDA graphs may be replayed here next, and its inputs (last
-        step's hidden states) may be overwritten."""
+    def join_side_stream(self) -> None:
+        """Before each step: vLLM's stream waits (on the GPU; the CPU goes on) for the code
+        predictor's last run: its results are read in this step, its CUDA graphs may be
+        replayed on vLLM's stream, and its inputs (last step's hidden states) may be
+        overwritten."""
         if self._cp_done is not None:
             torch.cuda.current_stream(self._stream.device).wait_event(self._cp_done)
             self._cp_done = None
