@@ -73,8 +73,8 @@ class StageConfig(BaseModel):
                           "graphs. Unset: on for bfloat16/float16, off for float32 (bit-equal "
                           "to the eager path, as the exactness checks need). No effect on CPU")
     early_code_predictor: bool = Field(
-        True, description="vLLM talker with the batched code predictor (CUDA): it runs on a "
-                          "CUDA stream of its own right behind vLLM's sampler, while the CPU "
+        True, description="vLLM talker: the batched code predictor runs right behind "
+                          "vLLM's sampler (on CUDA on a stream of its own), while the CPU "
                           "ends the step and prepares the next; false: in the next step's "
                           "input, after that preparation (the GPU idle meanwhile). The same "
                           "frames either way")

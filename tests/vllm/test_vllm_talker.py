@@ -294,8 +294,8 @@ def test_all_vllm_pipeline_equals_transformers(hf_omni, tiny_model_dir):
 # -- the code predictor behind the sampler -----------------------------------------------------
 @pytest.fixture(scope="module")
 def batched_talker(tiny_model_dir):
-    """A vLLM talker with the batched code predictor (the GPU's default; off on CPU), which
-    runs it right behind vLLM's sampler."""
+    """A vLLM talker with the batched code predictor (the default), which runs it right
+    behind vLLM's sampler."""
     from omni_ray.models.loading import load_stage
     from omni_ray.runners.vllm.engine_args import CPU_ENGINE_DEFAULTS
     from omni_ray.runners.vllm.talker import VllmTalkerRunner

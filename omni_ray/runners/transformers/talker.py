@@ -30,7 +30,7 @@ class TalkerRunner(TalkerRequests):
     """Step loop that owns the talker (with its code predictor)."""
 
     def __init__(self, talker, text_embedding, config, *, max_num_seqs: int = 64,
-                 device: str = "cpu", batch_code_predictor: bool | None = None,
+                 device: str = "cpu", batch_code_predictor: bool = True,
                  compile_graphs: bool = False):
         self.model = talker
         self.cfg = config                 # Qwen3OmniMoeConfig
@@ -39,11 +39,9 @@ class TalkerRunner(TalkerRequests):
         self.num_code_groups = self.inputs.num_code_groups
         self.max_num_seqs = max_num_seqs
         self.device = device
-        # One batched code-predictor pass per step for all decoding requests. Off on CPU by
-        # default: batching changes GEMM shapes, so float32 results may differ in the last bits
-        # from a request decoded alone; on GPU the speed matters more.
-        self.batch_code_predictor = (str(device).startswith("cuda") if batch_code_predictor is None
-                                     else batch_code_predictor)
+        # One batched code-predictor pass per step for all decoding requests (on CPU each
+        # request's result is bitwise its result alone: TalkerInputs, batch_invariant.py).
+        self.batch_code_predictor = batch_code_predictor
         self._seqs: dict[str, _Seq] = {}
         self.start_phases = StartPhases()
         with self.start_phases.timed("code_predictor_warmup_s"):

@@ -25,6 +25,7 @@ import torch
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
 from omni_ray.runners.sampling import make_generator, sample_token
+from omni_ray.runners.transformers.batch_invariant import make_batch_invariant
 from omni_ray.runners.transformers.code_predictor_sampling import code_predictor_params
 
 logger = logging.getLogger(__name__)
@@ -143,8 +144,11 @@ class TalkerInputs:
                                      config.tts_pad_token_id]], device=device)
             proj = self.model.text_projection(self.embed_text(special))
             self.tts_bos, self.tts_eos, self.tts_pad = proj[:, 0:1], proj[:, 1:2], proj[:, 2:3]
+        on_cuda = str(device).startswith("cuda")
+        if not on_cuda:  # batched == alone on CPU: each request's code predictor GEMMs its own
+            make_batch_invariant(talker.code_predictor)
         if cuda_graphs is None:
-            cuda_graphs = str(device).startswith("cuda")
+            cuda_graphs = on_cuda
         self.cp_graphs = None
         self._frames_copy = None  # residual_codes_batch(frames_later=True)'s pending host copy
         if cuda_graphs:

@@ -11,9 +11,9 @@ modules, exactly as for the transformers backbone, and handed to vLLM through ``
 * decode: vLLM asks the model for the embeddings of each token-id row (the codebook-0 code it
   sampled last step); the bridge maps rows to requests, takes the frame's 15 other codebooks
   from the code predictor, adds the projected text for this step, and keeps the frame for this
-  runner to emit. With the batched code predictor (CUDA) the code predictor already ran right
-  behind last step's sampler, on a CUDA stream of its own (``_Bridge.after_sampling``, a wrap
-  of the model runner's ``sampler``), while the CPU finished that step and prepared this one;
+  runner to emit. With the batched code predictor (the default) it already ran right behind
+  last step's sampler, on CUDA on a stream of its own (``_Bridge.after_sampling``, a wrap of
+  the model runner's ``sampler``), while the CPU finished that step and prepared this one;
 * waiting: ``TalkerScheduler`` does not schedule a request whose next text is unknown. If one is
   ever scheduled anyway, the bridge fails that request loudly instead of decoding on nothing.
 
@@ -96,7 +96,7 @@ class VllmTalkerRunner(TalkerRequests):
     def __init__(self, model_dir: str | os.PathLike, talker, text_embedding, config, *,
                  dtype: str = "float32", device: str = "cpu", max_num_seqs: int = 64,
                  max_model_len: int = 4096, gpu_memory_utilization: float = 0.2,
-                 enforce_eager: bool = False, batch_code_predictor: bool | None = None,
+                 enforce_eager: bool = False, batch_code_predictor: bool = True,
                  engine_kwargs: dict | None = None, compile_graphs: bool = False,
                  early_code_predictor: bool = True):
         """``talker`` / ``text_embedding`` / ``config``: transformers' talker module (its backbone
@@ -141,8 +141,7 @@ class VllmTalkerRunner(TalkerRequests):
                 phases.timed("vllm_engine_s"):
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
         self._dtype = getattr(torch, args["dtype"]) if isinstance(args["dtype"], str) else None
-        batch = (str(device).startswith("cuda") if batch_code_predictor is None
-                 else batch_code_predictor)
+        batch = batch_code_predictor
         try:
             core = self.engine.engine_core.engine_core
             model_runner = self.engine.model_executor.driver_worker.worker.model_runner
