@@ -44,6 +44,7 @@ def test_code_predictor_logits_batched_equal_alone(talker):
     from transformers import DynamicCache
 
     inputs = TalkerInputs(talker.module, talker.text_embedding, talker.config, "cpu")
+    assert inputs.can_batch  # the start-up check agrees with what follows
     cp = inputs.model.code_predictor
     assert all(type(m) is not torch.nn.Linear for m in cp.modules())
     dim = talker.config.talker_config.text_config.hidden_size
@@ -84,3 +85,20 @@ def test_frames_batched_equal_alone(talker, greedy):
     for rid, (frame, embed) in alone.items():
         assert torch.equal(batched[rid][0], frame), rid
         assert torch.equal(batched[rid][1], embed), rid
+
+
+def test_a_batch_that_differs_is_not_batched(tiny_model_dir, monkeypatch):
+    """The start-up check catches a batched code predictor that is off by one bit, and the
+    talker then runs it one request at a time."""
+    from omni_ray.runners.transformers.talker import TalkerRunner
+
+    forward = RowwiseLinear.forward
+
+    def off_when_batched(self, x):
+        out = forward(self, x)
+        return out + 1e-6 if x.dim() == 3 and x.shape[0] > 1 else out
+
+    monkeypatch.setattr(RowwiseLinear, "forward", off_when_batched)
+    tk = load_stage(tiny_model_dir, "talker")
+    runner = TalkerRunner(tk.module, tk.text_embedding, tk.config)
+    assert not runner.inputs.can_batch and not runner.batch_code_predictor

@@ -39,9 +39,9 @@ class TalkerRunner(TalkerRequests):
         self.num_code_groups = self.inputs.num_code_groups
         self.max_num_seqs = max_num_seqs
         self.device = device
-        # One batched code-predictor pass per step for all decoding requests (on CPU each
-        # request's result is bitwise its result alone: TalkerInputs, batch_invariant.py).
-        self.batch_code_predictor = batch_code_predictor
+        # One batched code-predictor pass per step for all decoding requests (on CPU only where
+        # each request's result is bitwise its result alone: TalkerInputs.can_batch).
+        self.batch_code_predictor = batch_code_predictor and self.inputs.can_batch
         self._seqs: dict[str, _Seq] = {}
         self.start_phases = StartPhases()
         with self.start_phases.timed("code_predictor_warmup_s"):

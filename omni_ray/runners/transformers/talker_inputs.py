@@ -145,8 +145,16 @@ class TalkerInputs:
             proj = self.model.text_projection(self.embed_text(special))
             self.tts_bos, self.tts_eos, self.tts_pad = proj[:, 0:1], proj[:, 1:2], proj[:, 2:3]
         on_cuda = str(device).startswith("cuda")
-        if not on_cuda:  # batched == alone on CPU: each request's code predictor GEMMs its own
+        # Whether the code predictor may batch requests: on CUDA always (speed over last bits);
+        # on CPU when, with each request's GEMMs its own, a batch's logits are bitwise each
+        # request's alone on this machine (checked now; else one request at a time, as before).
+        self.can_batch = on_cuda
+        if not on_cuda:
             make_batch_invariant(talker.code_predictor)
+            self.can_batch = self._batches_exactly()
+            if not self.can_batch:
+                logger.warning("code predictor: a batch's logits differ from one request's on "
+                               "this CPU; it runs one request at a time")
         if cuda_graphs is None:
             cuda_graphs = on_cuda
         self.cp_graphs = None
@@ -156,6 +164,29 @@ class TalkerInputs:
 
             self.cp_graphs = CodePredictorGraphs(talker, device, self.tts_pad.dtype,
                                                  compile=compile_graphs)
+
+    def _batches_exactly(self, batch: int = 4) -> bool:
+        """Whether the code predictor's prefill and a decode step on a random batch give each
+        request bitwise the logits it gets alone."""
+        from transformers import DynamicCache
+
+        cp = self.model.code_predictor
+        gen = torch.Generator().manual_seed(0)
+        prefill = torch.randn(batch, 2, cp.config.hidden_size, generator=gen,
+                              dtype=self.tts_pad.dtype).to(self.device)
+        codes = torch.randint(0, cp.config.vocab_size, (batch, 1), generator=gen).to(self.device)
+
+        def run(rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+            first = cp(inputs_embeds=prefill[rows], cache=DynamicCache(config=cp.config),
+                       use_cache=True)
+            second = cp(input_ids=codes[rows], cache=first.cache, use_cache=True,
+                        generation_steps=1)
+            return first.logits, second.logits
+
+        with torch.inference_mode():
+            together = run(slice(None))
+            return all(torch.equal(t[b:b + 1], a) for b in range(batch)
+                       for t, a in zip(together, run(slice(b, b + 1))))
 
     def warm_up(self, max_batch: int) -> None:
         """Capture the code predictor's CUDA graphs (greedy and sampled) for batches up to

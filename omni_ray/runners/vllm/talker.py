@@ -141,7 +141,7 @@ class VllmTalkerRunner(TalkerRequests):
                 phases.timed("vllm_engine_s"):
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
         self._dtype = getattr(torch, args["dtype"]) if isinstance(args["dtype"], str) else None
-        batch = batch_code_predictor
+        batch = batch_code_predictor and self.inputs.can_batch
         try:
             core = self.engine.engine_core.engine_core
             model_runner = self.engine.model_executor.driver_worker.worker.model_runner
