@@ -166,22 +166,27 @@ class TalkerInputs:
                                                  compile=compile_graphs)
 
     def _batches_exactly(self, batch: int = 4) -> bool:
-        """Whether the code predictor's prefill and a decode step on a random batch give each
-        request bitwise the logits it gets alone."""
+        """Whether the code predictor, run over a frame's every step (the 2-token prefill, then
+        one code a step: all the cache lengths it sees) on a random batch, gives each request
+        bitwise the logits it gets alone."""
         from transformers import DynamicCache
 
         cp = self.model.code_predictor
         gen = torch.Generator().manual_seed(0)
         prefill = torch.randn(batch, 2, cp.config.hidden_size, generator=gen,
                               dtype=self.tts_pad.dtype).to(self.device)
-        codes = torch.randint(0, cp.config.vocab_size, (batch, 1), generator=gen).to(self.device)
+        codes = torch.randint(0, cp.config.vocab_size, (batch, self.num_code_groups - 2),
+                              generator=gen).to(self.device)
 
-        def run(rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
-            first = cp(inputs_embeds=prefill[rows], cache=DynamicCache(config=cp.config),
-                       use_cache=True)
-            second = cp(input_ids=codes[rows], cache=first.cache, use_cache=True,
-                        generation_steps=1)
-            return first.logits, second.logits
+        def run(rows: slice) -> list[torch.Tensor]:
+            out = cp(inputs_embeds=prefill[rows], cache=DynamicCache(config=cp.config),
+                     use_cache=True)
+            logits = [out.logits]
+            for step in range(1, self.num_code_groups - 1):
+                out = cp(input_ids=codes[rows, step - 1:step], cache=out.cache, use_cache=True,
+                         generation_steps=step)
+                logits.append(out.logits)
+            return logits
 
         with torch.inference_mode():
             together = run(slice(None))
