@@ -79,7 +79,10 @@ def test_replayed_first_call_equals_eager_and_continues_exactly(n):
     for a, b in zip(got, eager):
         assert torch.equal(a, b)
     rest = s.decode_batch(states, [c[2:] for c in codes])
-    for b, c in enumerate(codes):
-        want = one_shot(s, c).cpu()
-        full = torch.cat([got[b], rest[b]]).cpu()
-        assert rel_err(full, want[: len(full)]) < 1e-4
+    rest_eager = s.decode_batch(eager_states, [c[2:] for c in codes])
+    for a, b in zip(rest, rest_eager):  # the replay's state continues as the eager call's
+        assert torch.equal(a, b)
+    for b, c in enumerate(codes):  # and the stream stays the one-shot decode, within CUDA's
+        want = one_shot(s, c).cpu()  # float32 convolutions (TF32 in cuDNN: ~1e-3, seen 9e-4
+        full = torch.cat([got[b], rest[b]]).cpu()  # on an H200, eager or replayed alike)
+        assert rel_err(full, want[: len(full)]) < 5e-3
