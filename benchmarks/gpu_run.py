@@ -245,8 +245,10 @@ def assemble_omni(model_dir, cfg, thinker, talker, emb, c2w, device, mode="async
     omni.config = cfg
     omni.tokenizer = load_tokenizer(model_dir)
     omni._injected_thinker = thinker
-    omni.talker = talker_runner or TalkerRunner(talker, emb, cfg, max_num_seqs=max_num_seqs,
-                                                device=device)
+    if talker_runner is None:
+        talker_runner = TalkerRunner(talker, emb, cfg, max_num_seqs=max_num_seqs, device=device)
+        talker_runner.warm_up()
+    omni.talker = talker_runner
     omni.code2wav = Code2WavRunner(c2w, mode=code2wav_mode,
                                    left_context_frames=omni.pipeline.left_context_frames,
                                    device=device)
@@ -438,6 +440,7 @@ def run_realsize(args, out: Path) -> dict:
         log(f"starting the vLLM talker engine {tkw}")
         talker_runner = VllmTalkerRunner(ckpt, talker, emb, cfg, device=device,
                                          max_num_seqs=max_seqs, engine_kwargs=tkw)
+        talker_runner.warm_up()
         res["talker_engine_start_s"] = round(time.perf_counter() - t0, 1)
         log(f"talker engine ready in {res['talker_engine_start_s']}s")
         write_json(path, res)

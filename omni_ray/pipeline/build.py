@@ -36,10 +36,11 @@ def wrap_runner(stage: str, runner, pipeline: PipelineConfig) -> StageLogic:
 
 def build_stage_logic(stage: str, model_dir: str, stage_cfg: StageConfig,
                       pipeline: PipelineConfig, max_model_len: int = 8192,
-                      kv_transfer: bool = False) -> StageLogic:
-    """Build ``stage``'s runner from ``stage_cfg`` whole (``runners/factory.py``) and wrap it."""
+                      kv_transfer: bool = False, warm_up: bool = True) -> StageLogic:
+    """Build ``stage``'s runner from ``stage_cfg`` whole (``runners/factory.py``) and wrap it;
+    ``warm_up=False``: without the runner's ``warm_up()`` (``make_runner``)."""
     from omni_ray.runners.factory import make_runner
 
     runner = make_runner(stage, model_dir, stage_cfg, pipeline=pipeline, kv_transfer=kv_transfer,
-                         max_model_len=max_model_len)
+                         max_model_len=max_model_len, warm_up=warm_up)
     return wrap_runner(stage, runner, pipeline)

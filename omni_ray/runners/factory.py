@@ -38,13 +38,24 @@ def runner_class(stage: str, backend: str) -> Any:
 
 def make_runner(stage: str, model_dir: str | Path, stage_cfg: StageConfig, *,
                 pipeline: PipelineConfig, kv_transfer: bool = False,
-                max_model_len: int | None = None):
+                max_model_len: int | None = None, warm_up: bool = True):
     """``stage``'s runner for ``model_dir`` as ``stage_cfg`` says (its backend, device, dtype,
     ``max_num_seqs``, vLLM ``engine_kwargs``). ``kv_transfer``: a thinker that hands its KV over
-    (prefill/decode disaggregation); ``max_model_len``: vLLM's, under ``engine_kwargs``."""
+    (prefill/decode disaggregation); ``max_model_len``: vLLM's, under ``engine_kwargs``.
+    ``warm_up=False``: the runner's ``warm_up()`` (graph captures that only add to its own
+    memory) is left to the caller, which runs it after its GPU start turn (stages/engine.py)."""
     cls = runner_class(stage, stage_cfg.backend)
-    return cls.from_config(model_dir, stage_cfg, pipeline=pipeline, kv_transfer=kv_transfer,
-                           max_model_len=max_model_len)
+    runner = cls.from_config(model_dir, stage_cfg, pipeline=pipeline, kv_transfer=kv_transfer,
+                             max_model_len=max_model_len)
+    if warm_up:
+        warm_up_runner(runner)
+    return runner
+
+
+def warm_up_runner(runner) -> None:
+    """The runner's own warm-up, where it has one (the talkers' code predictor graphs)."""
+    if hasattr(runner, "warm_up"):
+        runner.warm_up()
 
 
 def stage_config(stage: str, backend: str = "transformers", *, device: str = "cpu",

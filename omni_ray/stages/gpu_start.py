@@ -5,7 +5,11 @@ vLLM sizes its KV cache from a memory profile taken while it starts, and it fail
 when the GPU's free memory moves under it; another engine loading (or a failed one freeing) its
 weights at the same moment does exactly that. So every stage engine that loads onto a GPU holds
 that GPU's start lock from before it touches the GPU until its model is loaded and warmed up
-(vLLM's profile, KV cache and CUDA graphs included). The locks are files in the node's temp dir
+(vLLM's profile, KV cache and CUDA graphs included). The runner's own ``warm_up()`` (the code
+predictor's compiled graphs: ~100 s of a fresh talker's start) runs after the turn, beside the
+next engine's start: it only adds to its process's memory, never frees any, and the engines
+that follow size their KV cache by ``kv_cache_memory_bytes`` where GPUs are shared
+(serve_configs/qwen3_omni_1gpu.yaml). The locks are files in the node's temp dir
 (``OMNI_RAY_LOCK_DIR`` overrides it), one per physical GPU, so they work across the Ray actor
 processes of a node; engines on other GPUs start in parallel. A start that fails frees its GPU
 memory before it lets the next engine go.

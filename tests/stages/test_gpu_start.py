@@ -74,3 +74,43 @@ def test_cpu_takes_no_lock(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     assert gpu_ids("cpu") == []
     assert gpu_ids("cuda") == ["3"] and gpu_ids("cuda:1") == ["5"]
+
+
+def test_the_runners_warm_up_runs_after_the_start_turn(tmp_path, monkeypatch):
+    """The stage engine builds its runner inside the GPU's start turn and runs the runner's own
+    warm-up (the code predictor's graphs, ~100 s on a fresh GPU) after it, so the next engine's
+    start overlaps that warm-up. Seen from the lock file: taken during the build, free during
+    the warm-up."""
+    from types import SimpleNamespace
+
+    from filelock import FileLock, Timeout
+
+    import omni_ray.stages.engine as engine_mod
+    from omni_ray.stages.gpu_start import lock_dir
+
+    monkeypatch.setenv("OMNI_RAY_LOCK_DIR", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    seen = {}
+
+    def lock_free(where: str) -> None:
+        try:
+            with FileLock(str(lock_dir() / "omni_ray_gpu0_start.lock"), timeout=0):
+                seen[where] = "free"
+        except Timeout:
+            seen[where] = "held"
+
+    class Runner:
+        start_phases = {}
+
+        def warm_up(self):
+            lock_free("warm_up")
+
+    def build(stage, *args, warm_up=True, **kwargs):
+        assert warm_up is False  # the engine runs it itself, after the turn
+        lock_free("build")
+        return SimpleNamespace(runner=Runner())
+
+    monkeypatch.setattr(engine_mod, "build_stage_logic", build)
+    eng = engine_mod.StageEngine("talker", "unused", SimpleNamespace(device="cuda"), None)
+    assert seen == {"build": "held", "warm_up": "free"}
+    assert {"turn_wait_s", "build_s", "warm_up_s"} <= set(eng.start_phases)

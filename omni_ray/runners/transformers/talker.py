@@ -44,8 +44,12 @@ class TalkerRunner(TalkerRequests):
         self.batch_code_predictor = batch_code_predictor and self.inputs.can_batch
         self._seqs: dict[str, _Seq] = {}
         self.start_phases = StartPhases()
+
+    def warm_up(self) -> None:
+        """The code predictor's CUDA graphs, captured now (``make_runner`` calls this; the Serve
+        engine after its GPU start turn: stages/gpu_start.py)."""
         with self.start_phases.timed("code_predictor_warmup_s"):
-            self.inputs.warm_up(max_num_seqs)
+            self.inputs.warm_up(self.max_num_seqs)
 
     @classmethod
     def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,

@@ -172,10 +172,15 @@ class VllmTalkerRunner(TalkerRequests):
 
         with phases.timed("kernel_warmup_s"):  # prefill shapes' kernels now, not in traffic
             warm_kernels_on_gpu(self.engine, "talker")
-        with phases.timed("code_predictor_warmup_s"):
-            self.inputs.warm_up(max_num_seqs)
         self._seqs: dict[str, TalkerSeq] = {}
         self._internal: dict[str, str] = {}  # our request id -> vLLM's, once added to vLLM
+
+    def warm_up(self) -> None:
+        """The code predictor's compiled CUDA graphs, captured now (``make_runner`` calls this;
+        the Serve engine after its GPU start turn, so another engine starts meanwhile: they only
+        add to this process's memory, vLLM's engine is built: stages/gpu_start.py)."""
+        with self.start_phases.timed("code_predictor_warmup_s"):
+            self.inputs.warm_up(self.max_num_seqs)
 
     # -- request lifecycle -------------------------------------------------------------------
     def abort(self, request_id: str) -> bool:
