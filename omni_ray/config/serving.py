@@ -72,6 +72,12 @@ class StageConfig(BaseModel):
                           "(compiled at start, cached on disk); false: eager kernels in the "
                           "graphs. Unset: on for bfloat16/float16, off for float32 (bit-equal "
                           "to the eager path, as the exactness checks need). No effect on CPU")
+    fused_code_predictor: bool | None = Field(
+        None, description="CUDA: the code predictor's graphs run each layer's q/k/v projections "
+                          "as one GEMM and gate/up as one (4 launches a layer of 7, 15 steps x "
+                          "5 layers a frame); false: transformers' separate projections. Unset: "
+                          "as compile_graphs (off in float32, which stays bit-equal to the eager "
+                          "path). No effect on CPU")
     early_code_predictor: bool = Field(
         True, description="vLLM talker: the batched code predictor runs right behind "
                           "vLLM's sampler (on CUDA on a stream of its own), while the CPU "
@@ -87,6 +93,8 @@ class StageConfig(BaseModel):
     def _compile_by_dtype(self) -> "StageConfig":
         if self.compile_graphs is None:
             self.compile_graphs = self.dtype != "float32"
+        if self.fused_code_predictor is None:
+            self.fused_code_predictor = self.dtype != "float32"
         return self
 
     @field_validator("deployment_config")

@@ -40,10 +40,15 @@ def _deeper(talker):
     return deeper
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["own-gemms", "fused-gemms"])
 @pytest.mark.parametrize("deep", [False, True], ids=["tiny", "3-layer"])
 @pytest.mark.parametrize("batch", [1, 5])
 @torch.inference_mode()
-def test_static_code_predictor_equals_transformers(talker_parts, deep, batch):
+def test_static_code_predictor_equals_transformers(talker_parts, deep, batch, fused):
+    """... with transformers' own q/k/v and gate/up projections, and with them fused
+    (``FusedLayer``: what the CUDA graphs run by default, ``StageConfig.fused_code_predictor``)."""
+    from omni_ray.runners.transformers.code_predictor_graph import fused_layers
+
     talker = _deeper(talker_parts.module) if deep else talker_parts.module
     inputs = TalkerInputs(talker, talker_parts.text_embedding, talker_parts.config)
     gen = torch.Generator().manual_seed(batch)
@@ -60,7 +65,8 @@ def test_static_code_predictor_equals_transformers(talker_parts, deep, batch):
            torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim))
           for _ in range(cp.num_hidden_layers)]
     codes, embed_sum = static_codes(talker, torch.cat([s.past_hidden for s in seqs]),
-                                    torch.tensor([s.codec_ids[-1] for s in seqs]), kv)
+                                    torch.tensor([s.codec_ids[-1] for s in seqs]), kv,
+                                    layers=fused_layers(talker) if fused else None)
     for i, s in enumerate(seqs):
         frame, emb = ref[s.request_id]
         assert torch.equal(codes[i:i + 1], frame)
@@ -116,18 +122,56 @@ def test_compiled_decoder_picks_the_same_codes(talker_parts):
     from omni_ray.runners.transformers.code_predictor_graph import decoder_layers
 
     talker = _deeper(talker_parts.module)
-    graphs = CodePredictorGraphs(talker, "cpu", torch.float32, compile=True)
+    graphs = CodePredictorGraphs(talker, "cpu", torch.float32, compile=True, fuse=True)
     assert graphs.decoder is not decoder_layers
     cp = talker.code_predictor.model.config
     gen = torch.Generator().manual_seed(0)
+    runs = []
     for batch in (1, 3):
         hidden = torch.randn(batch, 1, talker.config.text_config.hidden_size, generator=gen)
         code0 = torch.randint(0, 2048, (batch,), generator=gen)
-        out = []
-        for decoder in (decoder_layers, graphs.decoder):
+        runs.append([])
+        for decoder, layers in ((decoder_layers, None), (graphs.decoder, None),
+                                (graphs.decoder, graphs.fused)):
             kv = [(torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim),
                    torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim))
                   for _ in range(cp.num_hidden_layers)]
-            out.append(static_codes(talker, hidden, code0, kv, decoder=decoder))
-        assert torch.equal(out[0][0], out[1][0])
-        torch.testing.assert_close(out[0][1], out[1][1], atol=1e-5, rtol=1e-5)
+            runs[-1].append(lambda kv=kv, d=decoder, ls=layers, h=hidden, c=code0: static_codes(
+                talker, h, c, kv, decoder=d, layers=ls))
+    # one layer kind per compile, as in a stage (the two kinds together pass dynamo's limit)
+    out = [[run() for run in kinds[:2]] for kinds in runs]
+    torch._dynamo.reset()
+    for got, kinds in zip(out, runs):
+        got.append(kinds[2]())
+    for eager, *others in out:  # compiled, then compiled with the fused GEMMs (the GPU default)
+        for other in others:
+            assert torch.equal(eager[0], other[0])
+            torch.testing.assert_close(eager[1], other[1], atol=1e-5, rtol=1e-5)
+
+
+def test_fused_layers_share_the_modules_and_concatenate_the_weights(talker_parts):
+    """``FusedLayer`` adds two weights (q/k/v, gate/up) and shares the rest with transformers'
+    layer; the graphs hold them unless ``fuse=False``."""
+    from omni_ray.runners.transformers.code_predictor_graph import fused_layers
+
+    talker = talker_parts.module
+    layers = fused_layers(talker)
+    for fl, layer in zip(layers, talker.code_predictor.model.layers):
+        a, m = layer.self_attn, layer.mlp
+        assert fl.self_attn is a and fl.mlp is m and fl.input_layernorm is layer.input_layernorm
+        assert torch.equal(fl.qkv_weight, torch.cat([a.q_proj.weight, a.k_proj.weight,
+                                                     a.v_proj.weight]))
+        assert torch.equal(fl.gate_up_weight, torch.cat([m.gate_proj.weight, m.up_proj.weight]))
+        assert sum(fl.qkv_sizes) == fl.qkv_weight.shape[0]
+    assert CodePredictorGraphs(talker, "cpu", torch.float32).fused is None
+    assert len(CodePredictorGraphs(talker, "cpu", torch.float32, fuse=True).fused) == len(layers)
+
+
+def test_fused_gemms_follow_the_dtype_unless_set():
+    """``StageConfig.fused_code_predictor`` unset: as ``compile_graphs`` (bf16/fp16 on, float32
+    off: bit-equal to transformers' eager code predictor)."""
+    from omni_ray.config.serving import StageConfig
+
+    assert StageConfig(dtype="bfloat16").fused_code_predictor is True
+    assert StageConfig(dtype="float32").fused_code_predictor is False
+    assert StageConfig(dtype="bfloat16", fused_code_predictor=False).fused_code_predictor is False

@@ -45,17 +45,62 @@ def _pick(logits: torch.Tensor, sample: bool) -> torch.Tensor:
     return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
 
 
+class FusedLayer(torch.nn.Module):
+    """A code predictor decoder layer whose q/k/v projections are one GEMM and gate/up one
+    (``fused_layers``): per frame 15 steps x 5 layers of GEMMs only a few rows tall, each launch
+    costs more than its math, and this makes 4 launches a layer of 7. The layer's norms,
+    attention and MLP modules are shared, not copied; only the two concatenated weights are new."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.input_layernorm = layer.input_layernorm
+        self.post_attention_layernorm = layer.post_attention_layernorm
+        self.self_attn, self.mlp = layer.self_attn, layer.mlp
+        a, m = layer.self_attn, layer.mlp
+        projs = (a.q_proj, a.k_proj, a.v_proj)
+        self.qkv_sizes = tuple(p.out_features for p in projs)
+        with torch.no_grad():
+            self.register_buffer("qkv_weight", torch.cat([p.weight for p in projs]), False)
+            self.register_buffer("qkv_bias", None if a.q_proj.bias is None else
+                                 torch.cat([p.bias for p in projs]), False)
+            self.register_buffer("gate_up_weight",
+                                 torch.cat([m.gate_proj.weight, m.up_proj.weight]), False)
+        if m.gate_proj.bias is not None:
+            raise ValueError("code predictor MLP with a bias: not fused")
+
+
+def fused_layers(talker) -> tuple[FusedLayer, ...]:
+    model = talker.code_predictor.model
+    return tuple(FusedLayer(layer) for layer in model.layers[:model.config.num_hidden_layers])
+
+
+def _qkv(layer, h: torch.Tensor):
+    if isinstance(layer, FusedLayer):
+        return F.linear(h, layer.qkv_weight, layer.qkv_bias).split(layer.qkv_sizes, dim=-1)
+    attn = layer.self_attn
+    return attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+
+
+def _mlp(layer, h: torch.Tensor) -> torch.Tensor:
+    mlp = layer.mlp
+    if isinstance(layer, FusedLayer):
+        gate, up = F.linear(h, layer.gate_up_weight).chunk(2, dim=-1)
+        return mlp.down_proj(mlp.act_fn(gate) * up)
+    return mlp(h)
+
+
 def static_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
                  kv: list[tuple[torch.Tensor, torch.Tensor]], sample: bool = False,
-                 decoder=None):
+                 decoder=None, layers=None):
     """codes [B, G] (codebook 0 = ``code0``, 1..G-1 greedy, or sampled if ``sample``) and the
     summed embedding [B, 1, D] of the G codes, from ``past_hidden`` [B, 1, D] and ``code0`` [B].
     ``kv``: per layer (keys, values) buffers [B, kv_heads, G, head_dim], overwritten.
-    ``decoder``: ``decoder_layers`` or a compiled copy of it (``CompiledDecoder``)."""
+    ``decoder``: ``decoder_layers`` or a compiled copy of it (``CompiledDecoder``); ``layers``:
+    the decoder layers it runs (default transformers' own; ``fused_layers`` for fewer GEMMs)."""
     cp = talker.code_predictor
     model = cp.model
     decoder = decoder or decoder_layers
-    layers = tuple(model.layers[:model.config.num_hidden_layers])
+    layers = layers or tuple(model.layers[:model.config.num_hidden_layers])
     groups = len(cp.lm_head) + 1
     e0 = talker.get_input_embeddings()(code0).unsqueeze(1)            # [B, 1, D]
     x = torch.cat([past_hidden, e0], dim=1)                           # [B, 2, D]
@@ -90,9 +135,10 @@ def decoder_layers(layers, norm, h: torch.Tensor, cos: torch.Tensor, sin: torch.
         r = h
         h = layer.input_layernorm(h)
         shape = (h.shape[0], length, -1, attn.head_dim)
-        q = attn.q_norm(attn.q_proj(h).view(shape)).transpose(1, 2)
-        k = attn.k_norm(attn.k_proj(h).view(shape)).transpose(1, 2)
-        v = attn.v_proj(h).view(shape).transpose(1, 2)
+        q, k, v = _qkv(layer, h)
+        q = attn.q_norm(q.reshape(shape)).transpose(1, 2)
+        k = attn.k_norm(k.reshape(shape)).transpose(1, 2)
+        v = v.reshape(shape).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         keys[:, :, start:start + length] = k
         values[:, :, start:start + length] = v
@@ -100,7 +146,7 @@ def decoder_layers(layers, norm, h: torch.Tensor, cos: torch.Tensor, sin: torch.
             q, keys[:, :, :start + length], values[:, :, :start + length],
             is_causal=causal, scale=attn.scaling, enable_gqa=True)
         h = r + attn.o_proj(o.transpose(1, 2).reshape(h.shape[0], length, -1))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = h + _mlp(layer, layer.post_attention_layernorm(h))
     return norm(h)
 
 
@@ -108,12 +154,14 @@ class CodePredictorGraphs:
     """``static_codes`` captured as a CUDA graph per (batch bucket, greedy or sampled); ``warm_up``
     captures them ahead of traffic (a capture costs ~0.1-1 s).
 
+    With ``fuse`` (``StageConfig.fused_code_predictor``), the layers run ``FusedLayer``'s GEMMs.
     With ``compile``, the decoder layers inside the graph are ``torch.compile``'d first (one
     dynamic-shape compile serves every bucket): a graph of 15 steps x 5 layers of tiny eager
     ops is ~4,500 kernels, latency-bound even replayed; fused, it is a fraction of that. Should
     the compile or its capture fail, the graphs fall back to the eager decoder (logged)."""
 
-    def __init__(self, talker, device: str, dtype: torch.dtype, compile: bool = False):
+    def __init__(self, talker, device: str, dtype: torch.dtype, compile: bool = False,
+                 fuse: bool = False):
         cfg = talker.code_predictor.model.config
         self.talker = talker
         self.device = device
@@ -125,6 +173,7 @@ class CodePredictorGraphs:
         self.layers = cfg.num_hidden_layers
         self._graphs: dict[int, tuple] = {}
         self._pool = None
+        self.fused = fused_layers(talker) if fuse else None  # None: transformers' own layers
         self.decoder = (torch.compile(decoder_layers, dynamic=True, fullgraph=True) if compile
                         else decoder_layers)
 
@@ -175,11 +224,12 @@ class CodePredictorGraphs:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up (allocations, lazy inits, compiles) outside the graph
-                static_codes(self.talker, hid, c0, kv, sample, self.decoder)
+                static_codes(self.talker, hid, c0, kv, sample, self.decoder, self.fused)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            codes, embed_sum = static_codes(self.talker, hid, c0, kv, sample, self.decoder)
+            codes, embed_sum = static_codes(self.talker, hid, c0, kv, sample, self.decoder,
+                                            self.fused)
         self._pool = graph.pool()
         entry = (graph, hid, c0, codes, embed_sum, kv)  # kv: kept alive with the graph
         self._graphs[(bucket, sample)] = entry

@@ -31,11 +31,12 @@ class TalkerRunner(TalkerRequests):
 
     def __init__(self, talker, text_embedding, config, *, max_num_seqs: int = 64,
                  device: str = "cpu", batch_code_predictor: bool = True,
-                 compile_graphs: bool = False):
+                 compile_graphs: bool = False, fused_code_predictor: bool = False):
         self.model = talker
         self.cfg = config                 # Qwen3OmniMoeConfig
         self.inputs = TalkerInputs(talker, text_embedding, config, device,
-                                   compile_graphs=compile_graphs)
+                                   compile_graphs=compile_graphs,
+                                   fused_code_predictor=fused_code_predictor)
         self.num_code_groups = self.inputs.num_code_groups
         self.max_num_seqs = max_num_seqs
         self.device = device
@@ -61,7 +62,8 @@ class TalkerRunner(TalkerRequests):
 
         tk = load_stage(model_dir, "talker", stage_cfg.device, getattr(torch, stage_cfg.dtype))
         return cls(tk.module, tk.text_embedding, tk.config, max_num_seqs=stage_cfg.max_num_seqs,
-                   device=stage_cfg.device, compile_graphs=stage_cfg.compile_graphs)
+                   device=stage_cfg.device, compile_graphs=stage_cfg.compile_graphs,
+                   fused_code_predictor=stage_cfg.fused_code_predictor)
 
     # -- request lifecycle -------------------------------------------------------------------
     def abort(self, request_id: str) -> bool:

@@ -123,10 +123,12 @@ class TalkerInputs:
     """
 
     def __init__(self, talker, text_embedding, config, device: str = "cpu",
-                 cuda_graphs: bool | None = None, compile_graphs: bool = False):
+                 cuda_graphs: bool | None = None, compile_graphs: bool = False,
+                 fused_code_predictor: bool = False):
         """``cuda_graphs`` (default: on for CUDA devices): batches of the code predictor replay a
         CUDA graph (runners/transformers/code_predictor_graph.py) instead of ~75 eager forwards;
-        ``compile_graphs``: of its torch.compile'd decoder (``StageConfig.compile_graphs``)."""
+        ``compile_graphs``: of its torch.compile'd decoder (``StageConfig.compile_graphs``);
+        ``fused_code_predictor``: with its fused GEMMs (``StageConfig.fused_code_predictor``)."""
         self.model = talker
         self.embed_text = text_embedding
         self.cfg = config                 # Qwen3OmniMoeConfig
@@ -163,7 +165,8 @@ class TalkerInputs:
             from omni_ray.runners.transformers.code_predictor_graph import CodePredictorGraphs
 
             self.cp_graphs = CodePredictorGraphs(talker, device, self.tts_pad.dtype,
-                                                 compile=compile_graphs)
+                                                 compile=compile_graphs,
+                                                 fuse=fused_code_predictor)
 
     def _batches_exactly(self, batch: int = 4) -> bool:
         """Whether the code predictor, run over a frame's every step (the 2-token prefill, then

@@ -91,6 +91,7 @@ class VllmTalkerRunner(TalkerRequests):
         return cls(model_dir, tk.module, tk.text_embedding, tk.config, dtype=stage_cfg.dtype,
                    device=stage_cfg.device, max_num_seqs=stage_cfg.max_num_seqs,
                    engine_kwargs=kwargs, compile_graphs=stage_cfg.compile_graphs,
+                   fused_code_predictor=stage_cfg.fused_code_predictor,
                    early_code_predictor=stage_cfg.early_code_predictor)
 
     def __init__(self, model_dir: str | os.PathLike, talker, text_embedding, config, *,
@@ -98,7 +99,7 @@ class VllmTalkerRunner(TalkerRequests):
                  max_model_len: int = 4096, gpu_memory_utilization: float = 0.2,
                  enforce_eager: bool = False, batch_code_predictor: bool = True,
                  engine_kwargs: dict | None = None, compile_graphs: bool = False,
-                 early_code_predictor: bool = True):
+                 fused_code_predictor: bool = False, early_code_predictor: bool = True):
         """``talker`` / ``text_embedding`` / ``config``: transformers' talker module (its backbone
         layers are dropped here: vLLM holds its own copy), the thinker's token embedding table and
         the checkpoint's ``Qwen3OmniMoeConfig``, as ``load_stage(model_dir, "talker")`` gives
@@ -122,7 +123,8 @@ class VllmTalkerRunner(TalkerRequests):
         self.cfg = config
         self.device = device
         self.inputs = TalkerInputs(talker, text_embedding, config, device,
-                                   compile_graphs=compile_graphs)
+                                   compile_graphs=compile_graphs,
+                                   fused_code_predictor=fused_code_predictor)
         self.num_code_groups = self.inputs.num_code_groups
         self.max_num_seqs = max_num_seqs
         self._dir = tempfile.TemporaryDirectory(prefix="omni_ray_talker_")
