@@ -489,7 +489,7 @@ def standin_variant(chk: Check, base_cfg: dict, name: str, overrides: dict,
     with contextlib.ExitStack() as stack:
         env = None
         if mps:
-            from benchmarks.mps import mps_daemon
+            from omni_ray.mps import mps_daemon
 
             try:
                 env = stack.enter_context(mps_daemon(chk.tmp / f"mps_{name}"))
@@ -848,7 +848,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="after the standin bench, restart it with these app args and bench "
                          "again (an A/B in one run), e.g. "
                          "ramp:pipeline.ramp_chunks=true,pipeline.initial_chunk_frames=1; "
-                         "the key mps=true runs the variant under an MPS daemon (benchmarks/mps.py)")
+                         "the key mps=true runs the variant under an MPS daemon (omni_ray/mps.py)")
     ap.add_argument("--standin-set", default="", metavar="key.path=value[,...]",
                     help="the standin phase's app args changed before it starts (no A/B)")
     ap.add_argument("--rates", default="", help="after the standin bench: Poisson arrivals at "

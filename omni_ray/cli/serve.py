@@ -9,9 +9,13 @@ positional argument, ``--config FILE`` reads a Serve config's first application 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from omni_ray.cli.argtypes import port
 from omni_ray.cli.serve_config import add_app_flags, serving_args
@@ -34,6 +38,12 @@ def add_parser(sub) -> None:
     p.add_argument("--api-key-env", default=None, metavar="VAR",
                    help="env var holding comma-separated API keys (default OMNI_RAY_API_KEYS; "
                         "unset or empty: no auth)")
+    p.add_argument("--mps", action="store_true",
+                   help="share each GPU among the stages through NVIDIA MPS: a private MPS "
+                        "control daemon for this run, so the stages' kernels run side by side "
+                        "instead of time-slicing the GPU (one H200: RTF -10 %% at concurrency 1, "
+                        "audio per second +11-15 %% at 8 and 32). Needs Ray started here (no "
+                        "RAY_ADDRESS); on a cluster, enable MPS on the GPU nodes instead")
     p.set_defaults(run=run, parser=p)
 
 
@@ -42,6 +52,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from omni_ray.cli.loading import warnings_to_stderr
 
     warnings_to_stderr()
+    if args.mps and os.environ.get("RAY_ADDRESS", "local") != "local":
+        parser.error("--mps: the stage processes must start here, under the MPS daemon; unset "
+                     "RAY_ADDRESS (on a cluster, enable MPS on the GPU nodes instead)")
     extra = {"model_id": args.model_id, "security": {"api_keys_env": args.api_key_env}}
     try:
         sa, sf = serving_args(args, extra)
@@ -53,27 +66,41 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     host = args.host or sf.http_options.get("host", DEFAULT_HOST)
     listen_port = args.port or sf.http_options.get("port", DEFAULT_PORT)
 
-    # 2) Ray, Serve's HTTP proxy, then the app; SIGTERM stops it as Ctrl-C does.
+    # 2) The MPS daemon (--mps), Ray (its processes inherit the daemon's pipe directory),
+    # Serve's HTTP proxy, then the app; SIGTERM stops it as Ctrl-C does.
+    stack = contextlib.ExitStack()
+    if args.mps:
+        from omni_ray.mps import mps_daemon
+
+        try:
+            os.environ.update(stack.enter_context(
+                mps_daemon(Path(tempfile.mkdtemp(prefix="omni_ray_mps_")))))
+        except RuntimeError as e:
+            parser.error(f"--mps: {e}")
+        print("omni-ray serve: GPUs shared through MPS (a private daemon for this run)",
+              file=sys.stderr, flush=True)
     import ray
     from ray import serve
 
     from omni_ray.builders.app import build_omni_app
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    ray.init(ignore_reinit_error=True)
-    try:
-        serve.start(http_options={"host": host, "port": listen_port})
-        print(f"omni-ray serve: deploying {sa.model_id} from {model} ...", file=sys.stderr,
-              flush=True)
-        serve.run(build_omni_app(sa), name=sf.name, route_prefix=sf.route_prefix, blocking=False)
-        base = f"http://{host}:{listen_port}{sf.route_prefix.rstrip('/')}"
-        print(f"omni-ray serve: {sa.model_id} ready at {base}/v1 (health: {base}/health); "
-              "Ctrl-C stops", flush=True)
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        print("omni-ray serve: stopping ...", file=sys.stderr, flush=True)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    with stack:  # the MPS daemon, if any, quits after Ray
+        ray.init(ignore_reinit_error=True)
+        try:
+            serve.start(http_options={"host": host, "port": listen_port})
+            print(f"omni-ray serve: deploying {sa.model_id} from {model} ...", file=sys.stderr,
+                  flush=True)
+            serve.run(build_omni_app(sa), name=sf.name, route_prefix=sf.route_prefix,
+                      blocking=False)
+            base = f"http://{host}:{listen_port}{sf.route_prefix.rstrip('/')}"
+            print(f"omni-ray serve: {sa.model_id} ready at {base}/v1 (health: {base}/health); "
+                  "Ctrl-C stops", flush=True)
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print("omni-ray serve: stopping ...", file=sys.stderr, flush=True)
+        finally:
+            serve.shutdown()
+            ray.shutdown()
     return 0

@@ -233,30 +233,6 @@ def test_serve_run_is_launched_once(tmp_path):
     assert first.poll() is not None  # stopped on exit
 
 
-def test_mps_variant_runs_a_private_daemon_and_quits_it(tmp_path, monkeypatch):
-    """``--ab NAME:mps=true``: the daemon gets its own pipe/log directories (the app's processes
-    get them through the environment) and is told to quit afterwards. The NVIDIA binary exists
-    only on GPU machines: a script of the same name records how it was called."""
-    from benchmarks.mps import mps_daemon
-
-    monkeypatch.setenv("PATH", str(tmp_path / "none"))
-    with pytest.raises(RuntimeError, match="nvidia-cuda-mps-control not found"):
-        with mps_daemon(tmp_path / "m0"):
-            pass
-    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
-    bin_dir.mkdir()
-    exe = bin_dir / "nvidia-cuda-mps-control"
-    exe.write_text('#!/bin/sh\nline=""\n[ "$1" = -d ] || read -r line\n'
-                   f'echo "$* pipe=$CUDA_MPS_PIPE_DIRECTORY stdin=$line" >> {calls}\n')
-    exe.chmod(0o755)
-    monkeypatch.setenv("PATH", str(bin_dir))
-    with mps_daemon(tmp_path / "m1") as env:
-        assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "m1" / "pipe")
-        assert Path(env["CUDA_MPS_LOG_DIRECTORY"]).is_dir()
-        assert calls.read_text().split("\n")[0].startswith(f"-d pipe={tmp_path}/m1/pipe")
-    assert calls.read_text().splitlines()[1] == f" pipe={tmp_path}/m1/pipe stdin=quit"
-
-
 @pytest.mark.slow
 def test_a_deploy_serve_gives_up_on_ends_the_wait_at_once(tmp_path):
     """An app that cannot even be imported: Serve logs that the deploy failed and ``serve run``
