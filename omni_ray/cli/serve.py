@@ -68,24 +68,15 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     # 2) The MPS daemon (--mps), Ray (its processes inherit the daemon's pipe directory),
     # Serve's HTTP proxy, then the app; SIGTERM stops it as Ctrl-C does.
-    stack = contextlib.ExitStack()
-    if args.mps:
-        from omni_ray.mps import mps_daemon
+    with contextlib.ExitStack() as stack:  # the MPS daemon, if any, quits after Ray
+        if args.mps:
+            _start_mps(parser, stack)
+        import ray
+        from ray import serve
 
-        try:
-            os.environ.update(stack.enter_context(
-                mps_daemon(Path(tempfile.mkdtemp(prefix="omni_ray_mps_")))))
-        except RuntimeError as e:
-            parser.error(f"--mps: {e}")
-        print("omni-ray serve: GPUs shared through MPS (a private daemon for this run)",
-              file=sys.stderr, flush=True)
-    import ray
-    from ray import serve
+        from omni_ray.builders.app import build_omni_app
 
-    from omni_ray.builders.app import build_omni_app
-
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with stack:  # the MPS daemon, if any, quits after Ray
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         ray.init(ignore_reinit_error=True)
         try:
             serve.start(http_options={"host": host, "port": listen_port})
@@ -104,3 +95,17 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             serve.shutdown()
             ray.shutdown()
     return 0
+
+
+def _start_mps(parser: argparse.ArgumentParser, stack: contextlib.ExitStack) -> None:
+    """A private MPS daemon (its directories removed after it quits) whose pipe directory this
+    process's environment carries, so the Ray processes it starts are its clients."""
+    from omni_ray.mps import mps_daemon
+
+    root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="omni_ray_mps_")))
+    try:
+        os.environ.update(stack.enter_context(mps_daemon(root)))
+    except RuntimeError as e:
+        parser.error(f"--mps: {e}")
+    print("omni-ray serve: GPUs shared through MPS (a private daemon for this run)",
+          file=sys.stderr, flush=True)

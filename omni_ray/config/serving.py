@@ -91,10 +91,12 @@ class StageConfig(BaseModel):
 
     @model_validator(mode="after")
     def _compile_by_dtype(self) -> "StageConfig":
+        # One rule for both kernel-level speedups: float32 stays bit-equal to the eager path.
+        fast_kernels = self.dtype != "float32"
         if self.compile_graphs is None:
-            self.compile_graphs = self.dtype != "float32"
+            self.compile_graphs = fast_kernels
         if self.fused_code_predictor is None:
-            self.fused_code_predictor = self.dtype != "float32"
+            self.fused_code_predictor = fast_kernels
         return self
 
     @field_validator("deployment_config")

@@ -53,10 +53,11 @@ class FusedLayer(torch.nn.Module):
 
     def __init__(self, layer):
         super().__init__()
+        a, m = self.self_attn, self.mlp = layer.self_attn, layer.mlp
+        if m.gate_proj.bias is not None:
+            raise ValueError("code predictor MLP with a bias: not fused")
         self.input_layernorm = layer.input_layernorm
         self.post_attention_layernorm = layer.post_attention_layernorm
-        self.self_attn, self.mlp = layer.self_attn, layer.mlp
-        a, m = layer.self_attn, layer.mlp
         projs = (a.q_proj, a.k_proj, a.v_proj)
         self.qkv_sizes = tuple(p.out_features for p in projs)
         with torch.no_grad():
@@ -65,8 +66,6 @@ class FusedLayer(torch.nn.Module):
                                  torch.cat([p.bias for p in projs]), False)
             self.register_buffer("gate_up_weight",
                                  torch.cat([m.gate_proj.weight, m.up_proj.weight]), False)
-        if m.gate_proj.bias is not None:
-            raise ValueError("code predictor MLP with a bias: not fused")
 
 
 def fused_layers(talker) -> tuple[FusedLayer, ...]:
