@@ -31,6 +31,13 @@ class PipelineConfig(BaseModel):
     first_chunks_first: bool = Field(
         True, description="code2wav decodes requests' first chunks in a step of their own, "
                           "before the later chunks of others (time to first audio under load)")
+    code2wav_urgent_ms: float = Field(
+        0.0, ge=0, le=10000,
+        description="with first_chunks_first: after the first chunks, code2wav decodes the "
+                    "chunks of requests whose audio sent so far plays out within this many ms "
+                    "(a player starting at the first audio) in a step before the others' "
+                    "(0: only requests already late). A stream's early chunks, with a frame or "
+                    "two of audio ahead, then skip the queue of streams with seconds in hand")
     code2wav_max_batch: int | None = Field(
         None, ge=1, le=1024,
         description="code2wav decodes up to this many requests' chunks in one forward "

@@ -30,7 +30,8 @@ def wrap_runner(stage: str, runner, pipeline: PipelineConfig) -> StageLogic:
         return TalkerLogic(runner, pipeline, runner.num_code_groups)
     if stage == "code2wav":
         return Code2WavLogic(runner, first_chunks_first=pipeline.first_chunks_first,
-                             max_batch=pipeline.code2wav_batch(runner.dtype))
+                             max_batch=pipeline.code2wav_batch(runner.dtype),
+                             urgent_s=pipeline.code2wav_urgent_ms / 1000)
     raise ValueError(f"unknown stage {stage!r}; expected one of {list(STAGES)}")
 
 

@@ -3,7 +3,10 @@
 A step decodes every pending chunk, except that requests' first chunks go first: when any is
 pending, the step decodes only those (``first_chunks_first``), so a new request's first audio
 does not wait behind the 25-frame chunks of every request already playing (they hold audio in
-hand). Each request's chunks still decode in order, so the audio is the same.
+hand). Next come the chunks of requests whose audio sent so far plays out within ``urgent_s``
+(by a player that starts at the first audio and waits whenever the next piece is late): a
+stream's second chunk, with a frame of audio ahead of it, goes before the chunks of streams
+with seconds in hand. Each request's chunks still decode in order, so the audio is the same.
 
 The chunks of a step decode in rounds: round r holds each request's r-th pending chunk, at most
 ``max_batch`` requests, and is one batched forward (``decode_many``; in stateful mode the same
@@ -12,6 +15,8 @@ float32 at one request a forward). Under load that is one forward for all stream
 """
 
 from __future__ import annotations
+
+import time
 
 from omni_ray.config.request import OmniRequest
 from omni_ray.payload import AudioChunk, CodecChunk, FinishReason
@@ -25,13 +30,19 @@ class Code2WavLogic(StageLogic):
     stage = "code2wav"
 
     def __init__(self, runner: Code2WavRunnerProtocol, sample_rate: int = SAMPLE_RATE,
-                 first_chunks_first: bool = True, max_batch: int = 1):
+                 first_chunks_first: bool = True, max_batch: int = 1, urgent_s: float = 0.0,
+                 clock=time.monotonic):
+        """``urgent_s`` (with ``first_chunks_first``): a request whose audio out plays out
+        within this many seconds of now is served in a step before the others (0: only those
+        already late)."""
         self.runner = runner
         self.sample_rate = sample_rate
         self.first_chunks_first = first_chunks_first
         self.max_batch = max_batch
+        self.urgent_s, self.clock = urgent_s, clock
         self._pending: list[CodecChunk] = []
         self._seq: dict[str, int] = {}
+        self._plays_out: dict[str, float] = {}  # when the audio sent so far has played
         self._fail: set[str] = set()
 
     def check(self, req: OmniRequest, has_downstream: bool) -> bool:
@@ -55,17 +66,26 @@ class Code2WavLogic(StageLogic):
     def step(self) -> list[Emit]:
         emits = [self._fault(rid) for rid in list(self._fail)]
         pending, self._pending = self._pending, []
-        if self.first_chunks_first:  # requests with no audio out yet: all their chunks, in order
-            new = [c for c in pending if self._seq.get(c.request_id) == 0]
-            if new and len(new) < len(pending):
-                self._pending = [c for c in pending if self._seq.get(c.request_id) != 0]
-                pending = new
+        if self.first_chunks_first:  # the most urgent requests' chunks, all of them, in order
+            urgent = self._most_urgent({c.request_id for c in pending})
+            if urgent and len(urgent) < len({c.request_id for c in pending}):
+                self._pending = [c for c in pending if c.request_id not in urgent]
+                pending = [c for c in pending if c.request_id in urgent]
         self.last_batch_size = len({c.request_id for c in pending})
         for batch in _rounds(pending, self.max_batch):
             batch = [c for c in batch if c.request_id in self._seq]  # an earlier round failed it
             if batch:
                 emits.extend(self._decode(batch))
         return emits
+
+    def _most_urgent(self, rids: set[str]) -> set[str]:
+        """Requests with no audio out yet (their first chunks decode as a batch of fresh
+        states); else those whose audio plays out within ``urgent_s``; else none."""
+        new = {r for r in rids if self._seq.get(r) == 0}
+        if new:
+            return new
+        due = self.clock() + self.urgent_s
+        return {r for r in rids if self._plays_out.get(r, due) < due}
 
     def _decode(self, batch: list[CodecChunk]) -> list[Emit]:
         try:
@@ -81,6 +101,9 @@ class Code2WavLogic(StageLogic):
             start, samples = piece
             seq = self._seq[rid]
             self._seq[rid] = seq + 1
+            now = self.clock()
+            self._plays_out[rid] = (max(self._plays_out.get(rid, now), now)
+                                    + samples.numel() / self.sample_rate)
             audio = AudioChunk(request_id=rid, seq=seq, start_sample=start, samples=samples,
                                sample_rate=self.sample_rate, finished=chunk.finished,
                                finish_reason=chunk.finish_reason)
@@ -92,6 +115,7 @@ class Code2WavLogic(StageLogic):
 
     def _forget(self, rid: str) -> None:
         self._seq.pop(rid, None)
+        self._plays_out.pop(rid, None)
         self._fail.discard(rid)
         self._pending = [c for c in self._pending if c.request_id != rid]
 

@@ -491,6 +491,70 @@ def test_a_new_requests_first_chunk_is_decoded_before_others_later_chunks(first_
     assert c2w.request_ids() == [] and c2w.runner.num_requests == 0
 
 
+@pytest.mark.parametrize("urgent_s,now,steps", [
+    (2.0, 0.5, [["b"], ["a"]]),      # b's audio plays out at 1.0 s, within 2 s of 0.5: first
+    (0.0, 0.5, [["a", "b"]]),        # 0: only the late go first, and b is not late yet
+    (0.0, 1.5, [["b"], ["a"]]),      # ... now it is: its audio ran out at 1.0 s
+    (30.0, 0.5, [["a", "b"]]),       # both due within 30 s: no one to skip
+])
+def test_a_stream_about_to_run_dry_is_decoded_before_streams_with_audio_in_hand(urgent_s, now,
+                                                                                 steps):
+    """``urgent_s``: after first chunks, the requests whose audio out plays out within
+    ``urgent_s`` of now (a player starting at the first audio; one frame here lasts 1 s) get a
+    step before those with audio in hand; every request's audio is the same in any order."""
+    clock = [0.0]
+    c2w = Code2WavLogic(FakeCode2Wav(), sample_rate=SAMPLES_PER_FRAME, urgent_s=urgent_s,
+                        clock=lambda: clock[0])
+    out = {}
+
+    def drain():
+        done = []
+        while c2w.has_work():
+            emits = c2w.step()
+            done.append(sorted({e.request_id for e in emits}))
+            for e in emits:
+                out.setdefault(e.request_id, []).append(e.item.samples)
+        return done
+
+    for rid in "ab":
+        c2w.add(req(rid), False)
+        c2w.on_chunk(_codec(rid, 0, 0, 1))
+    assert drain() == [["a", "b"]]  # both play out at 1.0 s
+    c2w.on_chunk(_codec("a", 1, 1, 25))
+    assert drain() == [["a"]]  # a: 26 s of audio out
+    clock[0] = now
+    c2w.on_chunk(_codec("a", 2, 26, 25, finished=True))
+    c2w.on_chunk(_codec("b", 1, 1, 2, finished=True))
+    assert drain() == steps
+    assert torch.cat(out["b"]).tolist() == [1.0] * SAMPLES_PER_FRAME + [2.0] * 2 * SAMPLES_PER_FRAME
+    assert torch.cat(out["a"]).tolist() == ([1.0] * SAMPLES_PER_FRAME
+                                            + [2.0] * 25 * SAMPLES_PER_FRAME
+                                            + [3.0] * 25 * SAMPLES_PER_FRAME)
+    assert c2w.request_ids() == [] and c2w._plays_out == {}
+
+
+def test_a_late_streams_player_restarts_at_its_late_audio():
+    """The player waits when the next piece is late, then plays it whole: a stream whose audio
+    ran out at 1 s and got a frame (1 s) at 5 s plays out at 6 s, so at 5.5 s it is not late
+    and its next chunk waits its turn behind a first come ``a``."""
+    clock = [0.0]
+    c2w = Code2WavLogic(FakeCode2Wav(), sample_rate=SAMPLES_PER_FRAME, clock=lambda: clock[0])
+    for rid in "ab":
+        c2w.add(req(rid), False)
+    c2w.on_chunk(_codec("b", 0, 0, 1))
+    c2w.step()
+    clock[0] = 5.0
+    c2w.on_chunk(_codec("b", 1, 1, 1))
+    c2w.step()
+    clock[0] = 5.5
+    c2w.on_chunk(_codec("a", 0, 0, 1))
+    c2w.on_chunk(_codec("a", 1, 1, 1))
+    c2w.step()  # a's first chunk (and its next) alone
+    c2w.on_chunk(_codec("b", 2, 2, 1))
+    c2w.on_chunk(_codec("a", 2, 2, 1))
+    assert [e.request_id for e in c2w.step()] == ["b", "a"]  # one step: neither is late
+
+
 def test_code2wav_batches_one_chunk_per_request_per_forward_and_a_failure_stays_its_own():
     """``max_batch``: a step's chunks decode in rounds (each request's r-th chunk in round r),
     split into forwards of at most ``max_batch`` requests; each request's audio is what it gets
