@@ -551,13 +551,14 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
                   text_tok_s_p50=m["text_rate"]["p50"],
                   audio_s_per_s=s["audio_seconds_per_s"], num_requests=s["num_requests"],
                   num_ok=s["num_ok"], output_tokens_mean=m["output_tokens"]["mean"],
-                  audio_seconds_mean=m["audio_seconds"]["mean"], wall_s=s["wall_s"])
+                  audio_seconds_mean=m["audio_seconds"]["mean"], wall_s=s["wall_s"],
+                  stall_where=s.get("stall_where"))
         lv["step_profile"] = run.get("step_profile")
         t_first = min(r["start"] for r in run["requests"])
         lv["requests"] = sorted(  # which requests were slow: start offset, client TTFA, RTF,
             (dict(t0_s=round(r["start"] - t_first, 3), ttfa_s=r["ttfa"], rtf=r["rtf"],
-                  stall_s=r["stall_s"], audio_s=r["audio_seconds"], e2e_s=r["e2e"],
-                  request_id=r["request_id"])
+                  stall_s=r["stall_s"], stalls=r.get("stalls"), audio_s=r["audio_seconds"],
+                  e2e_s=r["e2e"], request_id=r["request_id"])
              for r in run["requests"]), key=lambda r: r["t0_s"])  # audio and end (RTF's parts)
         lv["ttfa_requests"] = run.get("ttfa_requests")
         lv["ttfa_requests_missing"] = run.get("ttfa_requests_missing")
@@ -573,6 +574,10 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
                 f"{k} {v['p50'] * 1e3:.1f}" for k, v in ib.items()))
         if lv["step_profile"]:
             chk.line("INFO", f"step profile{sfx} c={c}", profile_line(lv["step_profile"]))
+        if lv["stall_where"]:  # which chunk came late: requests waiting there, mean wait
+            chk.line("INFO", f"stalls by audio played{sfx} c={c}", ", ".join(
+                f"{k} {_f(v['requests_frac'], 2)} ({v['mean_wait_s'] * 1e3:.0f} ms)"
+                for k, v in lv["stall_where"].items()))
         levels.append(lv)
         write(a.out / (f"gpu_serve_{tag}.json" if tag else "gpu_serve.json"), dict(
             commit=chk.data["commit"], dirty=chk.data["dirty"], device=chk.data["device"],
@@ -701,9 +706,9 @@ def phase_code2wav(chk: Check) -> None:
 
 
 def phase_codepred(chk: Check) -> None:
-    """The talker's code predictor per frame in its CUDA graphs, eager kernels vs the compiled
-    decoder (``StageConfig.compile_graphs``), at the released shape -> ``code_predictor_gpu.json``
-    (CUDA only)."""
+    """The talker's code predictor per frame in its CUDA graphs at the released shape, greedy
+    and sampled, fused or not, sampled among the candidates or the whole codebook
+    (``benchmarks/code_predictor_bench.py``) -> ``code_predictor_gpu.json`` (CUDA only)."""
     if chk.args.device != "cuda":
         chk.line("SKIP", "code predictor graphs A/B", "CUDA graphs: cuda only")
         return
@@ -711,13 +716,13 @@ def phase_codepred(chk: Check) -> None:
 
     res = code_predictor_bench.main(["--batches", "1,8,32", "--out-dir", str(chk.args.out)])
     chk.data["phases"]["codepred"] = res
-    e, c = res["modes"]["eager_graph"], res["modes"]["compiled_graph"]
-    chk.line("PASS" if c["compiled"] else "FAIL", "code predictor compiled decoder captured",
-             f"start (compile + capture) {c['start_s']}s vs {e['start_s']}s eager")
-    for b, x in res["speedup"].items():
-        chk.line("INFO", f"code predictor graph b={b}",
-                 f"{e['ms_per_frame'][b]} ms eager vs {c['ms_per_frame'][b]} ms compiled "
-                 f"(x{x}), codes equal {res['codes_equal_fraction'][b]:.3f}")
+    for mode, m in res["modes"].items():
+        same = m.get("codes_equal_fraction")
+        chk.line("INFO", f"code predictor graph {mode}", ", ".join(
+            f"b={b} {ms} ms (x{res['speedup_vs_greedy'][mode][b]})"
+            for b, ms in m["ms_per_frame"].items())
+            + ("" if same is None else ", codes equal " + ", ".join(
+                f"{v:.3f}" for v in same.values())))
 
 
 def phase_batch(chk: Check) -> None:

@@ -67,15 +67,17 @@ def rtf(generation_s: float | None, audio_s: float | None) -> float | None:
     return generation_s / audio_s
 
 
-def playback_stall(packets: list[tuple[float, int]], rate: int = SAMPLE_RATE) -> float:
-    """Seconds a player would wait for data in all, playing from the first audio packet's arrival.
+def playback_stalls(packets: list[tuple[float, int]],
+                    rate: int = SAMPLE_RATE) -> list[tuple[float, float]]:
+    """Where a player playing from the first audio packet's arrival runs dry: (seconds of
+    audio played before it, seconds it waits) per late packet.
 
     ``packets``: (arrival time, samples) per audio packet, in arrival order. Packet i is due when
     the audio before it has played: t_first + samples before i / ``rate`` + the stall so far (a
-    player that ran dry plays the rest that much later); a packet arriving after that adds the
-    difference. Packets without samples are skipped; no audio (or one packet): 0.0.
+    player that ran dry plays the rest that much later); a packet arriving after that waits the
+    difference. Packets without samples are skipped; no audio (or one packet): [].
     """
-    stall, before, t_first, prev = 0.0, 0, None, None
+    stalls, stall, before, t_first, prev = [], 0.0, 0, None, None
     for t, n in packets:
         if prev is not None and t < prev:
             raise ValueError(f"packets out of arrival order: {t} after {prev}")
@@ -84,9 +86,41 @@ def playback_stall(packets: list[tuple[float, int]], rate: int = SAMPLE_RATE) ->
             continue
         if t_first is None:
             t_first = t
-        stall += max(0.0, t - (t_first + before / rate + stall))
+        wait = t - (t_first + before / rate + stall)
+        if wait > 0:
+            stalls.append((before / rate, wait))
+            stall += wait
         before += n
-    return stall
+    return stalls
+
+
+def playback_stall(packets: list[tuple[float, int]], rate: int = SAMPLE_RATE) -> float:
+    """Seconds a player playing from the first audio packet's arrival waits for data in all
+    (``playback_stalls`` summed; 0.0 without any)."""
+    return sum(wait for _, wait in playback_stalls(packets, rate))
+
+
+# Where in the audio streams run dry (seconds played): the first edges are the chunk
+# boundaries of a one-frame-first doubling ramp (1, 2, 4, 8 frames: 0.06, 0.22, 0.54, 1.18 s),
+# so the bins say which early chunk came late; the rest is the steady state.
+STALL_BINS_S = (0.1, 0.3, 0.6, 1.3, 2.6)
+
+
+def stall_where(per_request: list[list[tuple[float, float]]],
+                bins: tuple[float, ...] = STALL_BINS_S) -> dict:
+    """Over requests' ``playback_stalls``, per bin of audio played ("<0.1s", ..., ">=2.6s"):
+    the fraction of the requests that waited there more than ``REALTIME_TOLERANCE_S`` / 10
+    (1 ms: below it is the client's clock), and their mean wait there in seconds."""
+    names = [f"<{b}s" for b in bins] + [f">={bins[-1]}s"]
+    out = {}
+    for i, name in enumerate(names):
+        lo = bins[i - 1] if i else 0.0
+        hi = bins[i] if i < len(bins) else math.inf
+        waits = [sum(w for pos, w in stalls if lo <= pos < hi) for stalls in per_request]
+        hit = [w for w in waits if w > REALTIME_TOLERANCE_S / 10]
+        out[name] = dict(requests_frac=len(hit) / len(waits) if waits else None,
+                         mean_wait_s=sum(hit) / len(hit) if hit else 0.0)
+    return out
 
 
 @dataclass
@@ -175,6 +209,11 @@ class RequestRecord:
         return rtf(gen, self.audio_seconds)
 
     @property
+    def stalls(self) -> list[tuple[float, float]]:
+        """``playback_stalls`` of the audio packets: (audio played, wait) per late packet."""
+        return playback_stalls(self.audio_arrivals)
+
+    @property
     def stall_s(self) -> float | None:
         """``playback_stall`` of the audio packets (None without audio)."""
         return playback_stall(self.audio_arrivals) if self.audio_bytes else None
@@ -196,6 +235,7 @@ class RequestRecord:
         return dict(start=self.start, ttft=self.ttft, ttfa=self.ttfa, text_rate=self.text_rate,
                     audio_seconds=self.audio_seconds,
                      rtf=self.rtf, stall_s=self.stall_s, realtime=self.realtime, e2e=self.e2e,
+                     stalls=[(round(pos, 3), round(wait, 4)) for pos, wait in self.stalls],
                      output_tokens=self.completion_tokens,
                      ok=self.ok, **{k: raw[k] for k in ("audio_packets", "finish_reason",
                                                          "error", "text", "prompt_tokens",
@@ -235,6 +275,7 @@ class RunSummary:
     audio_seconds_per_s: float
     metrics: dict = field(default_factory=dict)  # name -> stats() dict
     realtime_frac: float | None = None  # of the successful requests with audio (None: none)
+    stall_where: dict = field(default_factory=dict)  # ``stall_where`` of those requests
 
 
 def summarize(records: list[RequestRecord], wall_s: float) -> RunSummary:
@@ -252,4 +293,5 @@ def summarize(records: list[RequestRecord], wall_s: float) -> RunSummary:
     return RunSummary(num_requests=len(records), num_ok=len(ok), wall_s=wall_s,
                       requests_per_s=len(ok) / wall_s, output_tokens_per_s=tokens / wall_s,
                       audio_seconds_per_s=audio / wall_s, metrics=metrics,
-                      realtime_frac=sum(rt) / len(rt) if rt else None)
+                      realtime_frac=sum(rt) / len(rt) if rt else None,
+                      stall_where=stall_where([r.stalls for r in ok if r.audio_bytes]))

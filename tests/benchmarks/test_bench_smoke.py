@@ -24,6 +24,8 @@ from benchmarks.metrics import (  # noqa: E402
     parse_sse_line,
     percentile,
     playback_stall,
+    playback_stalls,
+    stall_where,
     rtf,
     stats,
     summarize,
@@ -157,6 +159,21 @@ def test_a_stall_shifts_the_later_deadlines():
     # two separate stalls add up: 0.5 s, then the fourth is due at 3.5 and comes at 3.6
     assert playback_stall([(0.0, SEC), (1.5, SEC), (2.4, SEC), (3.6, SEC)]) == (
         pytest.approx(0.6))
+
+
+def test_stalls_say_where_in_the_audio_the_player_ran_dry():
+    # the stalls of the test above, each at the audio played before its packet
+    stalls = playback_stalls([(0.0, SEC), (1.5, SEC), (2.4, SEC), (3.6, SEC)])
+    assert [pos for pos, _ in stalls] == [1.0, 3.0]
+    assert [wait for _, wait in stalls] == [pytest.approx(0.5), pytest.approx(0.1)]
+    # bins of audio played: request 1 waits 0.5 s at 1.0 s and 0.1 s at 3.0 s; request 2 waits
+    # 0.2 s at 0.05 s and 0.0005 s (client jitter, not a stall) at 1.0 s; request 3 never
+    where = stall_where([stalls, [(0.05, 0.2), (1.0, 0.0005)], []], bins=(0.1, 2.0))
+    assert where == {"<0.1s": dict(requests_frac=pytest.approx(1 / 3), mean_wait_s=pytest.approx(0.2)),
+                     "<2.0s": dict(requests_frac=pytest.approx(1 / 3), mean_wait_s=pytest.approx(0.5)),
+                     ">=2.0s": dict(requests_frac=pytest.approx(1 / 3),
+                                    mean_wait_s=pytest.approx(0.1))}
+    assert stall_where([])["<0.1s"] == dict(requests_frac=None, mean_wait_s=0.0)
 
 
 def test_a_one_packet_answer_never_stalls_however_late_it_starts():

@@ -138,7 +138,7 @@ def test_tiny_phase_passes_on_cpu(tmp_path):
 def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     rc, lines, _ = run_check(tmp_path, "--phases", "standin", "--num-requests", "2",
                              "--rates", "4", "--rate-requests", "3", "--rate-prompt-words", "8,300",
-                             "--ab", "fifo:pipeline.first_chunks_first=false",
+                             "--ab", "urgent:pipeline.code2wav_urgent_ms=300",
                              "--torch-profile", "2")
     assert rc == 0, "\n".join(lines)
     prof = json.loads((tmp_path / "gpu_profile.json").read_text())  # every stage, under load
@@ -149,7 +149,7 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     assert all(f"{stage} turn_wait " in phases for stage in ("thinker", "talker", "code2wav"))
     assert any(line.startswith("PASS standin /v1/models says dummy") for line in lines)
     assert any(line.startswith("PASS standin speech-out well-formed") for line in lines)
-    for name in ("gpu_serve.json", "gpu_serve_fifo.json"):  # the base, then the A/B variant
+    for name in ("gpu_serve.json", "gpu_serve_urgent.json"):  # the base, then the A/B variant
         serve = json.loads((tmp_path / name).read_text())
         assert {"commit", "device", "setup", "serve_run_to_healthy_s", "levels"} <= set(serve)
         assert [lv["concurrency"] for lv in serve["levels"]] == [1, 2]
@@ -158,16 +158,21 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
             assert [r["t0_s"] for r in lv["requests"]] == sorted(r["t0_s"] for r in lv["requests"])
             assert len(lv["requests"]) == 2 and all(r["ttfa_s"] > 0 for r in lv["requests"])
             assert all(r["stall_s"] >= 0 for r in lv["requests"])
+            assert all(r["stall_s"] == pytest.approx(sum(w for _, w in r["stalls"]), abs=1e-3)
+                       for r in lv["requests"])  # where each stream waited, rounded
+            assert list(lv["stall_where"])[0] == "<0.1s" and all(
+                v["requests_frac"] is not None for v in lv["stall_where"].values())
             assert 0 <= lv["realtime_frac"] <= 1 and lv["stall_p99_s"] >= 0
             assert len(lv["ttfa_requests"]) == 2 and lv["ttfa_requests_missing"] == 0  # by id
             assert all(r["ingress first audio"] > 0 for r in lv["ttfa_requests"])
         assert ("poisson" in serve) is (name == "gpu_serve.json")  # open loop: the base only
-    assert serve["setup"]["pipeline"]["first_chunks_first"] is False  # the variant's args
+    assert serve["setup"]["pipeline"]["code2wav_urgent_ms"] == 300  # the variant's args
     (lv,) = json.loads((tmp_path / "gpu_serve.json").read_text())["poisson"]
     assert lv["rate"] == 4 and lv["num_ok"] == lv["num_requests"] == 3
     assert lv["ttfa_p99_s"] >= lv["ttfa_p50_s"] > 0 and len(lv["prompt_tokens"]) == 3
     assert 0 <= lv["realtime_frac"] <= 1 and lv["stall_p99_s"] >= 0
-    assert sum(line.startswith("INFO A/B fifo c=") for line in lines) == 2
+    assert sum(line.startswith("INFO A/B urgent c=") for line in lines) == 2
+    assert sum(line.startswith("INFO stalls by audio played urgent c=") for line in lines) == 2
 
 
 @pytest.mark.slow
