@@ -1,13 +1,16 @@
-"""The talker's code predictor per frame: its CUDA graph with eager kernels vs with the
-torch.compile'd decoder (``StageConfig.compile_graphs``), at the released shape.
+"""The talker's code predictor per frame in its CUDA graphs, at the released shape: greedy and
+sampled, transformers' layers and ``FusedLayer``'s, the sampled codes drawn among the top
+``CANDIDATES`` or the whole codebook; with ``--compile``, the torch.compile'd decoder
+(``StageConfig.compile_graphs``) too.
 
 Builds the released code predictor (5 layers, hidden 1024, random weights) and the talker's codec
-embedding, captures ``CodePredictorGraphs`` both ways for each batch size, and times graph
-replays (ms per frame for the whole batch: the 15 sequential codebook steps). Greedy codes of
-the two are compared (random weights in bfloat16: a rare near-tie may pick differently).
-The start cost (compile + capture of the buckets) is reported too. CUDA only.
+embedding, captures ``CodePredictorGraphs`` per mode for each batch size, and times graph
+replays (ms per frame for the whole batch: the 15 sequential codebook steps). Each greedy mode's
+codes are compared with the first mode's on the same inputs (random weights in bfloat16: a rare
+near-tie may pick differently). The start cost (compile + capture of the buckets) is reported
+too. CUDA only.
 
-    .venv/bin/python -m benchmarks.code_predictor_bench --batches 1,8,32
+    .venv/bin/python -m benchmarks.code_predictor_bench --batches 1,8,32 [--compile]
 -> ``results/code_predictor_gpu.json``.
 """
 
@@ -22,7 +25,8 @@ from torch import nn
 
 from benchmarks.machine import RESULTS_DIR, machine_info, write_json
 from omni_ray.models.dummy import RELEASED
-from omni_ray.runners.transformers.code_predictor_graph import CodePredictorGraphs, decoder_layers
+from omni_ray.runners.transformers.code_predictor_graph import (CANDIDATES, CodePredictorGraphs,
+                                                                decoder_layers)
 
 
 class _Talker(nn.Module):
@@ -57,13 +61,27 @@ def build(device: str, dtype: torch.dtype, seed: int = 0) -> _Talker:
     return talker.to(dtype)
 
 
+# name -> (compile, fuse, sample, draw among the whole codebook instead of ``CANDIDATES``)
+MODES = {
+    "greedy": (False, False, False, False),
+    "greedy_fused": (False, True, False, False),
+    "sampled_codebook": (False, True, True, True),
+    "sampled": (False, True, True, False),
+}
+COMPILED_MODES = {  # --compile: the yaml's setting (compile_graphs and fused_code_predictor on)
+    "greedy_compiled": (True, False, False, False),
+    "greedy_compiled_fused": (True, True, False, False),
+    "sampled_compiled_fused": (True, True, True, False),
+}
+
+
 def time_replays(graphs: CodePredictorGraphs, hidden: torch.Tensor, code0: torch.Tensor,
-                 iters: int) -> tuple[float, torch.Tensor]:
-    codes, _ = graphs(hidden, code0)
+                 iters: int, sample: bool) -> tuple[float, torch.Tensor]:
+    codes, _ = graphs(hidden, code0, sample)
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(iters):
-        graphs(hidden, code0)
+        graphs(hidden, code0, sample)
     torch.cuda.synchronize()
     return (time.perf_counter() - t) / iters * 1e3, codes
 
@@ -73,49 +91,51 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    ap.add_argument("--compile", action="store_true",
+                    help="also the compiled decoder (~100 s of compile and capture a mode)")
     ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     a = ap.parse_args(argv)
     dtype = getattr(torch, a.dtype)
     talker = build("cuda", dtype)
     batches = [int(b) for b in a.batches.split(",")]
     hidden_size = talker.codec_embedding.embedding_dim
+    codebook = talker.code_predictor.lm_head[0].out_features
     gen = torch.Generator(device="cuda").manual_seed(0)
+    inputs = {b: (torch.randn(b, 1, hidden_size, device="cuda", dtype=dtype, generator=gen),
+                  torch.randint(0, codebook, (b,), device="cuda", generator=gen))
+              for b in batches}
     res: dict = dict(machine=machine_info(), shape="qwen3-omni-30b-a3b", dtype=a.dtype,
-                     iters=a.iters,
-                     modes={})
-    codes = {}
-    for mode, compile_ in (("eager_graph", False), ("compiled_graph", True)):
-        graphs = CodePredictorGraphs(talker, "cuda", dtype, compile=compile_)
+                     iters=a.iters, candidates=CANDIDATES, modes={})
+    first_codes = None
+    modes = MODES | (COMPILED_MODES if a.compile else {})
+    for mode, (compile_, fuse, sample, whole) in modes.items():
+        graphs = CodePredictorGraphs(talker, "cuda", dtype, compile=compile_, fuse=fuse,
+                                     sample_width=codebook if whole else CANDIDATES)
         t = time.perf_counter()
         with torch.inference_mode():
-            graphs.warm_up(max(batches))
+            graphs.warm_up(max(batches), sample)
         torch.cuda.synchronize()
-        m = dict(start_s=round(time.perf_counter() - t, 1),
+        m = dict(compile=compile_, fuse=fuse, sample=sample, sample_width=graphs.sample_width,
+                 start_s=round(time.perf_counter() - t, 1),
                  compiled=graphs.decoder is not decoder_layers, ms_per_frame={})
+        codes = {}
         with torch.inference_mode():
             for b in batches:
-                hidden = torch.randn(b, 1, hidden_size, device="cuda", dtype=dtype,
-                                     generator=gen)
-                code0 = torch.randint(0, 2048, (b,), device="cuda", generator=gen)
-                ms, got = time_replays(graphs, hidden, code0, a.iters)
-                m["ms_per_frame"][b] = round(ms, 3)
-                codes.setdefault(b, []).append((hidden, code0, got))
+                m["ms_per_frame"][b], codes[b] = time_replays(graphs, *inputs[b], a.iters,
+                                                              sample)
+                m["ms_per_frame"][b] = round(m["ms_per_frame"][b], 3)
+        if not sample:  # greedy: the same codes as the first mode's, on the same inputs
+            first_codes = first_codes or codes
+            m["codes_equal_fraction"] = {b: float((codes[b] == first_codes[b]).float().mean())
+                                         for b in batches}
         res["modes"][mode] = m
         print(f"{mode}: start {m['start_s']}s, ms per frame " + ", ".join(
             f"b={b} {v}" for b, v in m["ms_per_frame"].items()), flush=True)
         del graphs
-    # the same inputs through both: rerun the compiled graphs on the eager run's inputs
-    same = {}
-    graphs = CodePredictorGraphs(talker, "cuda", dtype, compile=True)
-    with torch.inference_mode():
-        for b, runs in codes.items():
-            hidden, code0, eager = runs[0]
-            compiled, _ = graphs(hidden, code0)
-            same[b] = float((compiled == eager).float().mean())
-    res["codes_equal_fraction"] = same
-    e, c = res["modes"]["eager_graph"], res["modes"]["compiled_graph"]
-    res["speedup"] = {b: round(e["ms_per_frame"][b] / c["ms_per_frame"][b], 2) for b in batches}
-    print(f"speedup {res['speedup']}, codes equal {same}", flush=True)
+    base = res["modes"]["greedy"]["ms_per_frame"]
+    res["speedup_vs_greedy"] = {mode: {b: round(base[b] / m["ms_per_frame"][b], 2)
+                                       for b in batches} for mode, m in res["modes"].items()}
+    print(f"speedup vs greedy {res['speedup_vs_greedy']}", flush=True)
     write_json("code_predictor_gpu.json", res, a.out_dir)
     return res
 

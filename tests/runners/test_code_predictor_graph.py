@@ -82,11 +82,13 @@ def test_graphs_are_off_on_cpu_and_refuse_to_capture_without_cuda(talker_parts):
 
 
 def test_top_k_top_p_keeps_what_sample_token_keeps():
-    """The graph's filter == runners.sampling.sample_token's (top-k 50, then top-p 0.8)."""
+    """The graph's filter == runners.sampling.sample_token's (top-k 50, then top-p 0.8), on
+    float32 logits and on bf16-rounded ones (ties)."""
     from omni_ray.runners.transformers.code_predictor_graph import top_k_top_p
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 2048, generator=gen) * 3
+    logits = torch.cat([logits, logits.bfloat16().float()])  # bf16 heads: ties at the 50th
     got = torch.isfinite(top_k_top_p(logits))
     for row in range(logits.shape[0]):
         scores = logits[row].clone()  # sample_token's steps, temperature 1
@@ -96,20 +98,36 @@ def test_top_k_top_p_keeps_what_sample_token_keeps():
         remove = sorted_scores.softmax(-1).cumsum(-1) <= 0.2
         remove[-1] = False
         scores[order[remove]] = float("-inf")
-        assert torch.equal(got[row], torch.isfinite(scores)), row
+        # the same values kept; of codes tied at the top-p edge, which goes is either's sort's
+        assert torch.equal(logits[row][got[row]].sort().values,
+                           logits[row][torch.isfinite(scores)].sort().values), row
     assert 1 <= int(got.sum(-1).min()) and int(got.sum(-1).max()) <= 50
 
 
-def test_exponential_race_draws_from_the_filtered_distribution():
+def test_top_k_keeps_the_ties_of_the_kth_among_the_candidates():
+    """Twelve codes tie with the 50th: the top-k rule keeps all 57 (``CANDIDATES`` has room
+    for 14 ties), and the ids are the codes'."""
+    from omni_ray.runners.transformers.code_predictor_graph import candidates
+
+    logits = torch.cat([torch.linspace(10, 5, 45), torch.full((12,), 4.0),
+                        torch.linspace(3, -3, 2048 - 57)])[torch.randperm(2048)][None]
+    top, ids = candidates(logits, top_p=1.0)
+    kept = ids[torch.isfinite(top)]
+    assert sorted(kept.tolist()) == sorted(torch.nonzero(logits[0] >= 4.0).flatten().tolist())
+    assert kept.numel() == 57 and torch.equal(logits[0, ids[0]], torch.sort(logits[0]).values[-64:])
+
+
+@pytest.mark.parametrize("width", [64, 2048])  # CANDIDATES, the whole codebook
+def test_exponential_race_draws_from_the_filtered_distribution(width):
     from omni_ray.runners.transformers.code_predictor_graph import _pick, top_k_top_p
 
     torch.manual_seed(0)
-    logits = torch.tensor([[2.0, 1.5, 1.0, 0.5] + [-9.0] * 60])
-    want = top_k_top_p(logits).softmax(-1)[0, :4]
-    draws = torch.stack([_pick(logits, True) for _ in range(4000)]).flatten()
-    freq = torch.bincount(draws, minlength=64)[:4].float() / draws.numel()
-    assert int(draws.max()) < 4
-    assert torch.allclose(freq, want, atol=0.03), (freq, want)
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.5] + [-9.0] * 2044])[:, torch.randperm(2048)]
+    want = top_k_top_p(logits).softmax(-1)[0]
+    draws = torch.stack([_pick(logits, True, width) for _ in range(4000)]).flatten()
+    freq = torch.bincount(draws, minlength=2048).float() / draws.numel()
+    assert set(draws.tolist()) <= set(torch.nonzero(want).flatten().tolist())
+    assert torch.allclose(freq, want, atol=0.03), (freq[want > 0], want[want > 0])
 
 
 @pytest.mark.slow

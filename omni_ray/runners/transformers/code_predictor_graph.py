@@ -10,8 +10,9 @@ and replayed with one launch.
 ``static_codes`` is the same computation in plain PyTorch (used for the capture, and on CPU by
 the tests that check it against transformers' code predictor). With ``sample=True`` each code is
 drawn the way transformers' ``generate`` draws the code predictor's (temperature 1, top-k 50,
-top-p 0.8) from the device's default generator (graph-safe); requests with a seed keep the eager
-path and their own generator, so seeded sampling stays reproducible.
+top-p 0.8; among the top ``CANDIDATES`` codes, not the whole codebook) from the device's
+default generator (graph-safe); requests with a seed keep the eager path and their own
+generator, so seeded sampling stays reproducible.
 """
 
 from __future__ import annotations
@@ -24,25 +25,44 @@ from omni_ray.runners.transformers.code_predictor_sampling import CP_TOP_K, CP_T
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
+# The sampled codes are drawn among this many candidates per row, not the whole codebook (2048
+# at real size): the top-k rule keeps the top ``CP_TOP_K`` (50) and any tied with the 50th, so
+# a margin of 14 ties; one small top-k replaces a sort of the codebook, its softmaxes and draws
+# (per frame, 15 of each).
+CANDIDATES = 64
+
+
+def candidates(logits: torch.Tensor, top_k: int = CP_TOP_K, top_p: float = CP_TOP_P,
+               width: int = CANDIDATES) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, V] logits -> the top ``width`` (ascending) with those outside top-k, then outside
+    top-p, set to -inf (the rule of ``runners.sampling.sample_token``), and their ids; static
+    shapes. Ties with the k-th beyond ``width`` are the only difference from the full rule."""
+    width = min(width, logits.shape[-1])
+    top, ids = torch.topk(logits, width, dim=-1)                      # descending
+    top, ids = top.flip(-1), ids.flip(-1)                             # ascending, as the rule
+    kth = top[:, width - min(top_k, width):][:, :1]
+    top = top.masked_fill(top < kth, float("-inf"))
+    remove = top.softmax(-1).cumsum(-1) <= (1 - top_p)
+    remove[:, -1] = False
+    return top.masked_fill(remove, float("-inf")), ids
+
+
 def top_k_top_p(logits: torch.Tensor, top_k: int = CP_TOP_K,
                 top_p: float = CP_TOP_P) -> torch.Tensor:
-    """[B, V] logits with everything outside top-k, then outside top-p, set to -inf (the rule
-    of ``runners.sampling.sample_token``), in static shapes."""
-    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-    logits = logits.masked_fill(logits < kth, float("-inf"))
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
-    cum = sorted_logits.softmax(-1).cumsum(-1)
-    remove = cum <= (1 - top_p)
-    remove[:, -1] = False
-    return logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+    """[B, V] logits with everything outside top-k, then outside top-p, set to -inf
+    (``candidates`` scattered back over the codebook)."""
+    top, ids = candidates(logits, top_k, top_p)
+    return torch.full_like(logits, float("-inf")).scatter(-1, ids, top)
 
 
-def _pick(logits: torch.Tensor, sample: bool) -> torch.Tensor:
+def _pick(logits: torch.Tensor, sample: bool, width: int = CANDIDATES) -> torch.Tensor:
     if not sample:
         return logits.argmax(-1)
-    probs = top_k_top_p(logits.float()).softmax(-1)
+    top, ids = candidates(logits.float(), width=width)
+    probs = top.softmax(-1)
     # Exponential race: argmax(p / E), E ~ Exp(1), is a draw from p (no host sync, graph-safe).
-    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+    won = (probs / torch.empty_like(probs).exponential_()).argmax(-1, keepdim=True)
+    return ids.gather(-1, won).squeeze(-1)
 
 
 class FusedLayer(torch.nn.Module):
@@ -90,12 +110,13 @@ def _mlp(layer, h: torch.Tensor) -> torch.Tensor:
 
 def static_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
                  kv: list[tuple[torch.Tensor, torch.Tensor]], sample: bool = False,
-                 decoder=None, layers=None):
+                 decoder=None, layers=None, sample_width: int = CANDIDATES):
     """codes [B, G] (codebook 0 = ``code0``, 1..G-1 greedy, or sampled if ``sample``) and the
     summed embedding [B, 1, D] of the G codes, from ``past_hidden`` [B, 1, D] and ``code0`` [B].
     ``kv``: per layer (keys, values) buffers [B, kv_heads, G, head_dim], overwritten.
     ``decoder``: ``decoder_layers`` or a compiled copy of it (``CompiledDecoder``); ``layers``:
-    the decoder layers it runs (default transformers' own; ``fused_layers`` for fewer GEMMs)."""
+    the decoder layers it runs (default transformers' own; ``fused_layers`` for fewer GEMMs);
+    ``sample_width``: sampled codes are drawn among this many candidates (``candidates``)."""
     cp = talker.code_predictor
     model = cp.model
     decoder = decoder or decoder_layers
@@ -111,7 +132,7 @@ def static_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
         pos = torch.arange(start, start + length, device=x.device).unsqueeze(0)
         cos, sin = model.rotary_emb(x, pos)
         h = decoder(layers, model.norm, x, cos, sin, kv, start, step == 1)
-        code = _pick(cp.lm_head[step - 1](h[:, -1]), sample)           # [B]
+        code = _pick(cp.lm_head[step - 1](h[:, -1]), sample, sample_width)  # [B]
         codes.append(code)
         emb = model.get_input_embeddings()[step - 1](code).unsqueeze(1)
         embed_sum = embed_sum + emb
@@ -160,7 +181,7 @@ class CodePredictorGraphs:
     the compile or its capture fail, the graphs fall back to the eager decoder (logged)."""
 
     def __init__(self, talker, device: str, dtype: torch.dtype, compile: bool = False,
-                 fuse: bool = False):
+                 fuse: bool = False, sample_width: int = CANDIDATES):
         cfg = talker.code_predictor.model.config
         self.talker = talker
         self.device = device
@@ -173,6 +194,7 @@ class CodePredictorGraphs:
         self._graphs: dict[int, tuple] = {}
         self._pool = None
         self.fused = fused_layers(talker) if fuse else None  # None: transformers' own layers
+        self.sample_width = sample_width  # a sampled code's candidates (codebook size: all)
         self.decoder = (torch.compile(decoder_layers, dynamic=True, fullgraph=True) if compile
                         else decoder_layers)
 
@@ -223,12 +245,13 @@ class CodePredictorGraphs:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up (allocations, lazy inits, compiles) outside the graph
-                static_codes(self.talker, hid, c0, kv, sample, self.decoder, self.fused)
+                static_codes(self.talker, hid, c0, kv, sample, self.decoder, self.fused,
+                             self.sample_width)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             codes, embed_sum = static_codes(self.talker, hid, c0, kv, sample, self.decoder,
-                                            self.fused)
+                                            self.fused, self.sample_width)
         self._pool = graph.pool()
         entry = (graph, hid, c0, codes, embed_sum, kv)  # kv: kept alive with the graph
         self._graphs[(bucket, sample)] = entry
