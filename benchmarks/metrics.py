@@ -100,10 +100,11 @@ def playback_stall(packets: list[tuple[float, int]], rate: int = SAMPLE_RATE) ->
     return sum(wait for _, wait in playback_stalls(packets, rate))
 
 
-# Where in the audio streams run dry (seconds played): the first edges are the chunk
-# boundaries of a one-frame-first doubling ramp (1, 2, 4, 8 frames: 0.06, 0.22, 0.54, 1.18 s),
-# so the bins say which early chunk came late; the rest is the steady state.
-STALL_BINS_S = (0.1, 0.3, 0.6, 1.3, 2.6)
+# Where in the audio streams run dry (seconds played): one bin per early chunk of a
+# one-frame-first ramp (``ramp_ratio`` 1: chunks start at 0.06, 0.14, 0.30, 0.62, 1.26, 2.54 s
+# of audio; the old doubling's at 0.06, 0.22, 0.54, 1.18, 2.46 s), so the bins say which early
+# chunk came late; the last is the steady state.
+STALL_BINS_S = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 
 
 def stall_where(per_request: list[list[tuple[float, float]]],

@@ -9,6 +9,8 @@ from one-shot decoding; that difference is measured and printed, not bounded.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -97,11 +99,12 @@ def _check_same_stream(a, s, pipeline: PipelineConfig):
     first = pipeline.initial_chunk_frames
     if n > first:
         assert a.audio_pieces[0] == first * SPF - TAIL
-        sizes, want = [], first  # frames per chunk after the first, written out
-        for _ in a.audio_pieces[1:-1]:
-            want = min(2 * want, pipeline.chunk_frames) if pipeline.ramp_chunks else \
-                pipeline.chunk_frames
+        sizes, sent = [], first  # frames per chunk after the first, written out
+        for _ in a.audio_pieces[1:-1]:  # ramp: ramp_ratio x the frames already sent
+            want = min(math.ceil(pipeline.ramp_ratio * sent), pipeline.chunk_frames) \
+                if pipeline.ramp_chunks else pipeline.chunk_frames
             sizes.append(want * SPF)
+            sent += want
         assert a.audio_pieces[1:-1] == sizes
 
 

@@ -18,7 +18,7 @@ class PipelineConfig(BaseModel):
     * ``sync``: a stage starts a request when the previous stage finished it (one chunk per edge).
     * ``async_chunk``: the talker starts on the thinker's first tokens; code2wav decodes codec
       chunks as they arrive: ``initial_chunk_frames`` first (small, for a fast first audio), then
-      every ``chunk_frames`` (with ``ramp_chunks``: doubling from the first up to ``chunk_frames``).
+      every ``chunk_frames`` (with ``ramp_chunks``: growing with the audio sent, ``ramp_ratio``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -26,8 +26,14 @@ class PipelineConfig(BaseModel):
     mode: Mode = DEFAULT_MODE
     initial_chunk_frames: int = Field(4, ge=1, le=1000)
     chunk_frames: int = Field(25, ge=1, le=1000)
-    ramp_chunks: bool = Field(False, description="chunks after the first double up to "
-                                                 "chunk_frames (1, 2, 4, ... frames)")
+    ramp_chunks: bool = Field(False, description="chunks after the first grow with the audio "
+                                                 "already sent (ramp_ratio) up to chunk_frames")
+    ramp_ratio: float = Field(
+        1.0, gt=0, le=8,
+        description="with ramp_chunks, each chunk after the first has ramp_ratio x the frames "
+                    "already sent (rounded up), up to chunk_frames. 1: 1, 1, 2, 4, 8, ... "
+                    "frames; a chunk then takes no longer to make than the audio already out "
+                    "lasts at any real-time factor below 1 (2: 1, 2, 6, 18, ...; below 0.5)")
     first_chunks_first: bool = Field(
         True, description="code2wav decodes requests' first chunks in a step of their own, "
                           "before the later chunks of others (time to first audio under load)")

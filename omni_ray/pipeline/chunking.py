@@ -6,6 +6,7 @@ finishes and sends one chunk. Both keep ``seq`` gap-free and end with exactly on
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -77,14 +78,16 @@ class ThinkerChunker:
 
 class CodecChunker:
     """Per request: talker frames -> CodecChunks of ``initial`` frames, then ``size`` frames;
-    with ``ramp``, the chunks after the first double (initial, 2 x initial, ...) up to ``size``,
-    so that each chunk takes no longer to make than the audio already sent lasts (at RTF < 0.5)."""
+    with ``ramp``, each chunk after the first has ``ratio`` x the frames already sent (rounded
+    up) up to ``size``: at ratio 1 (1, 1, 2, 4, ...) a chunk takes no longer to make than the
+    audio already sent lasts, at any RTF < 1."""
 
     def __init__(self, request_id: str, mode: str, initial: int, size: int, groups: int = 16,
-                 ramp: bool = False):
+                 ramp: bool = False, ratio: float = 1.0):
         self.request_id = request_id
         self.stream = mode == "async_chunk"
         self.initial, self.size, self.groups, self.ramp = initial, size, groups, ramp
+        self.ratio = ratio
         self.want = initial  # the next chunk's size
         self.seq = 0
         self.start = 0
@@ -100,7 +103,8 @@ class CodecChunker:
         while (self.stream and self.num_pending >= self.want
                and not (finished and self.num_pending == self.want)):
             out.append(self._emit(self.want, False, FinishReason.NONE))
-            self.want = min(2 * self.want, self.size) if self.ramp else self.size
+            self.want = (min(max(1, math.ceil(self.ratio * self.start - 1e-9)), self.size) if self.ramp
+                         else self.size)
         if finished:
             out.append(self._emit(self.num_pending, True, reason))
         return out

@@ -34,7 +34,8 @@ class TalkerLogic(StageLogic):
         p = self.pipeline
         self._chunkers[req.request_id] = CodecChunker(req.request_id, p.mode,
                                                       p.initial_chunk_frames, p.chunk_frames,
-                                                      self.groups, p.ramp_chunks)
+                                                      self.groups, p.ramp_chunks,
+                                                      p.ramp_ratio)
 
     def on_chunk(self, chunk: ThinkerChunk) -> list[Emit]:
         if chunk.request_id not in self._chunkers:

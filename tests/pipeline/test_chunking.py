@@ -7,6 +7,9 @@ is lost, doubled or reordered.
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -94,8 +97,8 @@ def _frames(start: int, n: int) -> torch.Tensor:
     return (torch.arange(start, start + n).view(-1, 1) * 16 + torch.arange(16)).long()
 
 
-def _run_codec(counts, mode, initial, size, reason, ramp=False):
-    chunker = CodecChunker("r", mode, initial, size, ramp=ramp)
+def _run_codec(counts, mode, initial, size, reason, ramp=False, ratio=1.0):
+    chunker = CodecChunker("r", mode, initial, size, ramp=ramp, ratio=ratio)
     chunks, made = [], 0
     for i, n in enumerate(counts):
         last = i == len(counts) - 1
@@ -139,29 +142,39 @@ def test_codec_chunker_async_sizes(counts, initial, size):
         assert made - sent < want
 
 
-def _ramp_sizes(initial: int, size: int, n: int) -> list[int]:
-    """The first n chunk sizes with ramp_chunks (written out, not read from the chunker)."""
-    out, want = [], initial
-    for _ in range(n):
-        out.append(want)
-        want = min(2 * want, size)
-    return out
+def _ramp_sizes(initial: int, size: int, n: int, ratio: float) -> list[int]:
+    """The first n chunk sizes with ramp_chunks (written out, not read from the chunker): each
+    after the first is ``ratio`` x the frames sent before it, rounded up, at most ``size``."""
+    out = [initial]
+    while len(out) < n:
+        sent = sum(out)
+        out.append(min(size, max(1, math.ceil(Fraction(str(ratio)) * sent))))  # exact
+    return out[:n]
 
 
 @settings(max_examples=100, deadline=None)
 @given(counts=st.lists(st.integers(0, 4), min_size=1, max_size=80),
-       initial=st.integers(1, 8), size=st.integers(1, 30))
-def test_codec_chunker_ramp_sizes(counts, initial, size):
-    per_add, _ = _run_codec(counts, "async_chunk", initial, size, FinishReason.STOP, ramp=True)
+       initial=st.integers(1, 8), size=st.integers(1, 30),
+       ratio=st.sampled_from([0.3, 0.5, 1.0, 1.1, 1.5, 2.0]))
+def test_codec_chunker_ramp_sizes(counts, initial, size, ratio):
+    per_add, _ = _run_codec(counts, "async_chunk", initial, size, FinishReason.STOP, ramp=True,
+                            ratio=ratio)
     sizes = [c.codes.shape[0] for out in per_add for c in out]
-    full = _ramp_sizes(initial, size, len(sizes))
+    full = _ramp_sizes(initial, size, len(sizes), ratio)
     assert sizes[:-1] == full[:-1] and sizes[-1] <= full[-1]
 
 
-def test_codec_chunker_ramp_example():
-    chunker = CodecChunker("r", "async_chunk", 1, 25, ramp=True)
+@pytest.mark.parametrize("ratio,want", [
+    (1.0, [1, 1, 2, 4, 8, 16, 25, 25]),   # 82 frames; 18 wait for more
+    (2.0, [1, 2, 6, 18, 25, 25]),         # 77; 23 wait
+    (0.5, [1, 1, 1, 2, 3, 4, 6, 9, 14, 21, 25]),  # 87; 13 wait
+])
+def test_codec_chunker_ramp_example(ratio, want):
+    """Each chunk: ``ratio`` x the frames already out, so at ratio 1 making it takes no longer
+    than the audio out lasts whenever a frame takes less than its 80 ms."""
+    chunker = CodecChunker("r", "async_chunk", 1, 25, ramp=True, ratio=ratio)
     sizes = [c.codes.shape[0] for c in chunker.add(_frames(0, 100), False)]
-    assert sizes == [1, 2, 4, 8, 16, 25, 25]  # 81 frames; 19 wait for more
+    assert sizes == want
 
 
 @settings(max_examples=50, deadline=None)
