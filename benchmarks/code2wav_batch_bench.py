@@ -5,8 +5,9 @@ stage's runner (``Code2WavRunner``, stateful): N requests each stream ``--frames
 app chunks them (a first chunk, then ``--chunk``-frame chunks); every round hands each request
 its next chunk, decoded either with one ``decode_many`` (``code2wav_max_batch`` >= N, the
 default) or one ``decode_many`` per request (``code2wav_max_batch: 1``). It reports ms per round
-(the first, the 1-frame first chunks, is what a new request's first audio waits for), compute
-seconds per audio second, and the largest difference between the two answers relative to the
+(the first, the 1-frame first chunks, is what a new request's first audio waits for), the
+operators a batched round runs (``op_count.py``: kernel launches on CUDA), compute seconds per
+audio second, and the largest difference between the two answers relative to the
 peak (float32 noise: the math is the same).
 
     .venv/bin/python -m benchmarks.code2wav_batch_bench --device cuda --dtype bfloat16
@@ -16,6 +17,7 @@ peak (float32 noise: the math is the same).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
 from benchmarks.machine import RESULTS_DIR, machine_info, write_json
+from benchmarks.op_count import OpCount
 from benchmarks.vocoder_bench import SETUPS, chunk_bounds
 from omni_ray.runners.transformers.code2wav import Code2WavRunner
 from omni_ray.runners.transformers.code2wav_stream import reinit_code2wav_for_testing
@@ -45,9 +48,10 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run(runner: Code2WavRunner, codes: list[torch.Tensor], bounds, batched: bool, device: str
-        ) -> tuple[list[torch.Tensor], list[float]]:
-    """Every request's audio and each round's seconds (all requests' chunk r in round r)."""
+def run(runner: Code2WavRunner, codes: list[torch.Tensor], bounds, batched: bool, device: str,
+        ops: list[int] | None = None) -> tuple[list[torch.Tensor], list[float]]:
+    """Every request's audio and each round's seconds (all requests' chunk r in round r);
+    ``ops``: appended each round's operator count (``OpCount``, not timed)."""
     rids = [f"r{i}" for i in range(len(codes))]
     for rid in rids:
         runner.add_request(rid)
@@ -57,9 +61,12 @@ def run(runner: Code2WavRunner, codes: list[torch.Tensor], bounds, batched: bool
         items = [(rid, c[s:e]) for rid, c in zip(rids, codes)]
         _sync(device)
         t0 = time.perf_counter()
-        got = (runner.decode_many(items) if batched
-               else [runner.decode_many([item])[0] for item in items])
+        with OpCount() if ops is not None else contextlib.nullcontext() as count:
+            got = (runner.decode_many(items) if batched
+                   else [runner.decode_many([item])[0] for item in items])
         _sync(device)
+        if ops is not None:
+            ops.append(count.total)
         times.append(time.perf_counter() - t0)
         for o, g in zip(outs, got):
             if isinstance(g, Exception):
@@ -85,6 +92,9 @@ def bench(runner: Code2WavRunner, n: int, frames: int, first: int, chunk: int, d
         res[name] = dict(first_round_ms=times[0] * 1e3,
                          round_ms_p50=sorted(times)[len(times) // 2] * 1e3,
                          compute_s_per_audio_s=sum(times) / audio_s, wavs=wavs)
+    ops: list[int] = []  # a host-cost proxy: the batched rounds' operators (launches on CUDA)
+    run(runner, codes, bounds, True, device, ops)
+    res["batched"].update(first_round_ops=ops[0], round_ops_p50=sorted(ops)[len(ops) // 2])
     a, b = res["batched"].pop("wavs"), res["one_by_one"].pop("wavs")
     peak = max(w.abs().max().item() for w in b)
     diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b)) / peak
@@ -98,7 +108,8 @@ def line(r: dict) -> str:
     b, o = r["batched"], r["one_by_one"]
     return (f"first round {b['first_round_ms']:.1f} vs "
             f"{o['first_round_ms']:.1f} ms, round p50 {b['round_ms_p50']:.1f} vs "
-            f"{o['round_ms_p50']:.1f} ms, {b['compute_s_per_audio_s']:.4f} vs "
+            f"{o['round_ms_p50']:.1f} ms, batched ops first {b['first_round_ops']} / p50 "
+            f"{b['round_ops_p50']}, {b['compute_s_per_audio_s']:.4f} vs "
             f"{o['compute_s_per_audio_s']:.4f} s/s (x{r['speedup']:.1f}), "
             f"diff {r['max_abs_diff_rel_peak']:.1e} of peak")
 

@@ -205,3 +205,39 @@ def test_runner_decode_many_equals_each_alone_and_isolates_a_failure(tiny):
     assert batched._reqs["d"].num_frames == 0  # its failed chunks changed nothing
     with pytest.raises(ValueError, match="at most one entry per request"):
         batched.decode_many([("a", codes["a"][:1]), ("a", codes["a"][1:2])])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_snake_with_factors_computed_once_is_the_modules_own_bits(tiny, dtype):
+    """``_snake`` keeps each SnakeBeta's exp(alpha) and 1 / (exp(beta) + eps) between calls:
+    the same ops on the same values as the module's forward, so bit for bit its output; a
+    changed parameter is seen (the factors follow the parameter's version)."""
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeSnakeBeta
+
+    stream = copy.deepcopy(tiny)
+    stream.model.to(dtype)
+    snakes = [m for m in stream.model.modules() if isinstance(m, Qwen3OmniMoeSnakeBeta)]
+    assert len(snakes) > 5
+    gen = torch.Generator().manual_seed(0)
+    for mod in snakes:
+        x = (torch.randn(3, mod.in_features, 17, generator=gen) * 4).to(dtype)
+        assert torch.equal(stream._snake(mod, x), mod(x))
+        with torch.no_grad():
+            mod.beta.add_(0.25)
+        assert torch.equal(stream._snake(mod, x), mod(x))
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 20), (5, 2, 20, 4)])
+def test_rows_at_copies_each_rows_window_into_its_own_tensor(shape):
+    """A request's carried state: row b's ``x[b, :, s_b:s_b + w]``, equal bit for bit, in a
+    tensor of its own (a finished neighbour's state must not keep the batch's alive)."""
+    from omni_ray.runners.transformers.code2wav_stream import _rows_at
+
+    x = torch.randn(*shape)
+    starts = [3, 0, 3, 7, 3]  # repeats: cut together
+    rows = _rows_at(x, starts, 4)
+    ptrs = {x.untyped_storage().data_ptr()}
+    for b, (row, s) in enumerate(zip(rows, starts)):
+        assert torch.equal(row, x[b, :, s:s + 4]) and row.is_contiguous()
+        ptrs.add(row.untyped_storage().data_ptr())
+    assert len(ptrs) == len(starts) + 1  # every row its own storage, none the batch's

@@ -47,6 +47,7 @@ its own request's end.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -121,6 +122,7 @@ class StreamingCode2Wav:
         self.head_dim = attn.head_dim
         self._names = {mod: name for name, mod in model.named_modules()}
         self.first_graphs = None  # FirstCallGraphs (code2wav_graph.py): first calls, replayed
+        self._snake_factors: dict[nn.Module, tuple] = {}  # SnakeBeta -> (version, alpha, 1/beta)
         for name, mod in model.named_modules():
             if isinstance(mod, Qwen3OmniMoeCausalConvNet) and mod.stride != 1:
                 raise ValueError(f"{name}: strided causal convs are not supported")
@@ -248,13 +250,14 @@ class StreamingCode2Wav:
         # 1) Prepend the carried window; 2) keep each request's last W-1 keys at its own end.
         k = torch.cat([torch.stack([s.keys[i] for s in states]), k], dim=2)
         v = torch.cat([torch.stack([s.values[i] for s in states]), v], dim=2)
-        for b, s in enumerate(states):
-            s.keys[i] = k[b, :, lens[b] : lens[b] + self.window - 1].clone()
-            s.values[i] = v[b, :, lens[b] : lens[b] + self.window - 1].clone()
+        for s, keys, values in zip(states, _rows_at(k, lens, self.window - 1),
+                                   _rows_at(v, lens, self.window - 1)):
+            s.keys[i], s.values[i] = keys, values
         groups = attn.num_key_value_groups
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
+        with _sdpa_backends(q.device):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
         return attn.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
 
     def _layer(self, mod: nn.Module, states, r: _Ragged) -> _Ragged:
@@ -272,12 +275,25 @@ class StreamingCode2Wav:
                 r = self._layer(sub, states, r)
             return r
         if isinstance(mod, Qwen3OmniMoeCode2WavDecoderResidualUnit):
-            h = self._causal_conv(mod.conv1, states, _Ragged(mod.act1(r.x), r.lens))
-            h = self._causal_conv(mod.conv2, states, _Ragged(mod.act2(h.x), r.lens))
+            h = self._causal_conv(mod.conv1, states, _Ragged(self._snake(mod.act1, r.x), r.lens))
+            h = self._causal_conv(mod.conv2, states, _Ragged(self._snake(mod.act2, h.x), r.lens))
             return _Ragged(h.x + r.x, r.lens)
         if isinstance(mod, Qwen3OmniMoeSnakeBeta):
-            return _Ragged(mod(r.x), r.lens)  # pointwise
+            return _Ragged(self._snake(mod, r.x), r.lens)  # pointwise
         raise TypeError(f"no streaming rule for {type(mod).__name__}: refusing to guess its state")
+
+    def _snake(self, mod: Qwen3OmniMoeSnakeBeta, x: torch.Tensor) -> torch.Tensor:
+        """``mod(x)`` with its per-channel factors computed once, not per call (4 of its 9
+        kernels a call, ~30 calls a forward); the same ops on the same values, so the same
+        bits."""
+        key = (mod.alpha.data_ptr(), mod.alpha._version, mod.beta.data_ptr(), mod.beta._version)
+        got = self._snake_factors.get(mod)
+        if got is None or got[0] != key:
+            alpha = torch.exp(mod.alpha.unsqueeze(0).unsqueeze(-1))  # transformers' own steps
+            scale = 1.0 / (torch.exp(mod.beta.unsqueeze(0).unsqueeze(-1)) + mod.no_div_by_zero)
+            got = self._snake_factors[mod] = (key, alpha, scale)
+        _, alpha, scale = got
+        return x + scale * torch.pow(torch.sin(x * alpha), 2)
 
     def _causal_conv(self, mod: Qwen3OmniMoeCausalConvNet, states, r: _Ragged) -> _Ragged:
         """Stride-1 causal conv: `cat(tail, new)` without padding gives the one-shot outputs."""
@@ -286,8 +302,8 @@ class StreamingCode2Wav:
         x = r.x
         if pad > 0:
             x = torch.cat([torch.stack([s.conv_tails[name] for s in states]), x], dim=2)
-            for b, s in enumerate(states):
-                s.conv_tails[name] = x[b, :, r.lens[b] : r.lens[b] + pad].clone()
+            for s, tail in zip(states, _rows_at(x, r.lens, pad)):
+                s.conv_tails[name] = tail
         y = _on_long_input_backend(
             lambda t: F.conv1d(t, conv.weight, conv.bias, dilation=conv.dilation, groups=conv.groups), x
         )
@@ -302,8 +318,8 @@ class StreamingCode2Wav:
         x = r.x
         if carry > 0:
             x = torch.cat([torch.stack([st.trans_tails[name] for st in states]), x], dim=2)
-            for b, st in enumerate(states):
-                st.trans_tails[name] = x[b, :, r.lens[b] : r.lens[b] + carry].clone()
+            for st, tail in zip(states, _rows_at(x, r.lens, carry)):
+                st.trans_tails[name] = tail
         full = _on_long_input_backend(lambda t: F.conv_transpose1d(t, conv.weight, conv.bias, stride=s), x)
         # full: length (carry + T - 1) * s + k
         steps = r.x.shape[2]
@@ -316,6 +332,36 @@ class StreamingCode2Wav:
         else:
             y = torch.stack([full[b, :, lo + d : lo + d + steps * s] for b, d in enumerate(drops)])
         return _Ragged(y, lens)
+
+
+def _sdpa_backends(device: torch.device):
+    """On CUDA, attention without cuDNN's backend: PyTorch picks it for a masked attention on an
+    H100/H200, and it builds a graph per new shape (chunk lengths and batches vary by call) at
+    ~0.7 ms of host time a call in steady state (session 14's profile: 4.7 ms of a code2wav
+    step's ~50 ms host, against ~10 ms of device time); the memory-efficient kernel takes the
+    same mask."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def _rows_at(x: torch.Tensor, starts: list[int], width: int) -> list[torch.Tensor]:
+    """Per row b, a fresh copy of ``x[b, :, starts[b]:starts[b] + width]`` (dim 2 is time): a
+    request's carried state, which must not keep the batch's tensor alive. Rows with the same
+    start are cut as one block and copied out with one multi-tensor copy (one kernel launch on
+    CUDA, however many rows) rather than one clone each."""
+    out: list[torch.Tensor] = [None] * len(starts)  # type: ignore[list-item]
+    for n in dict.fromkeys(starts):
+        rows = [b for b, start in enumerate(starts) if start == n]
+        block = x[rows[0]:rows[-1] + 1, :, n:n + width].contiguous()  # dense: the fast path
+        src = [block[b - rows[0]] for b in rows]
+        dst = [torch.empty_like(t) for t in src]
+        torch._foreach_copy_(dst, src)
+        for b, t in zip(rows, dst):
+            out[b] = t
+    return out
 
 
 # PyTorch runs a batch-1 float32 CPU conv on THNN instead of oneDNN when C_in * length <= 20480
