@@ -86,3 +86,30 @@ def test_replayed_first_call_equals_eager_and_continues_exactly(n):
         want = one_shot(s, c).cpu()  # float32 convolutions (TF32 in cuDNN: ~1e-3, seen 9e-4
         full = torch.cat([got[b], rest[b]]).cpu()  # on an H200, eager or replayed alike)
         assert rel_err(full, want[: len(full)]) < 5e-3
+
+
+def test_states_copied_out_of_the_graphs_buffers_are_equal_and_their_own(stream):
+    """After a replay each request's state is copied out of the graph's buffers (which the next
+    replay overwrites): same values, same keys, counters kept, no tensor shared with the
+    buffers or another request."""
+    from omni_ray.runners.transformers.code2wav_graph import _copy_states, _tensors
+
+    gen = torch.Generator().manual_seed(0)
+    srcs = [stream.new_state() for _ in range(3)]
+    for i, s in enumerate(srcs):
+        for t in _tensors(s):
+            t.copy_(torch.randn(t.shape, generator=gen))
+        s.frames_in, s.samples_out = i + 1, 1920 * (i + 1) - 555
+    dsts = [stream.new_state() for _ in srcs]
+    _copy_states(srcs, dsts)
+    def held(state):  # the tensors that hold memory (an empty one has none to share)
+        return [t for t in _tensors(state) if t.numel()]
+
+    ptrs = {t.untyped_storage().data_ptr() for s in srcs for t in held(s)}
+    for s, d in zip(srcs, dsts):
+        assert list(d.conv_tails) == list(s.conv_tails)
+        assert list(d.trans_tails) == list(s.trans_tails)
+        assert all(torch.equal(a, b) for a, b in zip(_tensors(d), _tensors(s)))
+        assert (d.frames_in, d.samples_out) == (s.frames_in, s.samples_out)
+        ptrs |= {t.untyped_storage().data_ptr() for t in held(d)}
+    assert len(ptrs) == 2 * sum(len(held(s)) for s in srcs)

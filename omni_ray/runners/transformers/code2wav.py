@@ -144,8 +144,8 @@ class Code2WavRunner:
         reqs = [self._reqs[rid] for rid in rids]
         starts = [r.samples_out for r in reqs]
         try:
-            pieces = self._stream.decode_batch([r.stream_state for r in reqs],
-                                               [c.to(self.device) for _, c in items])
+            pieces = self._stream.decode_batch([r.stream_state for r in reqs],  # codes moved
+                                               [c for _, c in items])          # in one copy
         except Exception:
             return self._decode_each(items)
         host = torch.cat(pieces).float().cpu().split([p.numel() for p in pieces])  # one copy

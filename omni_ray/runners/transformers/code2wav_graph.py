@@ -67,13 +67,10 @@ class FirstCallGraphs:
         n = len(states)
         graph, codes_in, work, wavs, _ = self._entry(n)
         self.calls += 1
-        codes_in[:n].copy_(torch.stack([c.to(self.device) for c in codes]))
+        codes_in[:n].copy_(torch.stack([c.to(codes[0].device) for c in codes]))  # one copy in
         graph.replay()
-        out = []
-        for b in range(n):
-            out.append(wavs[b].clone())
-            _copy_state(work[b], states[b])
-        return out
+        _copy_states(work[:n], states)
+        return [wavs[b].clone() for b in range(n)]
 
     # -- capture -------------------------------------------------------------------------------
     def _entry(self, n: int):
@@ -142,10 +139,17 @@ def _tensors(s: Code2WavStreamState) -> list[torch.Tensor]:
     return [*s.keys, *s.values, *s.conv_tails.values(), *s.trans_tails.values()]
 
 
-def _copy_state(src: Code2WavStreamState, dst: Code2WavStreamState) -> None:
-    """``dst`` becomes ``src`` (a state whose tensors live in the graph's buffers), by value."""
-    dst.keys = [t.clone() for t in src.keys]
-    dst.values = [t.clone() for t in src.values]
-    dst.conv_tails = {k: t.clone() for k, t in src.conv_tails.items()}
-    dst.trans_tails = {k: t.clone() for k, t in src.trans_tails.items()}
-    dst.frames_in, dst.samples_out = src.frames_in, src.samples_out
+def _copy_states(srcs: list[Code2WavStreamState], dsts: list[Code2WavStreamState]) -> None:
+    """Each ``dst`` becomes its ``src`` (a state whose tensors live in the graph's buffers), by
+    value: all their tensors in one multi-tensor copy (a few launches on CUDA, not ~40 clones a
+    request)."""
+    src = [t for s in srcs for t in _tensors(s)]
+    dst = [torch.empty_like(t) for t in src]
+    torch._foreach_copy_(dst, src)
+    copies = iter(dst)
+    for s, d in zip(srcs, dsts):
+        d.keys = [next(copies) for _ in s.keys]
+        d.values = [next(copies) for _ in s.values]
+        d.conv_tails = {k: next(copies) for k in s.conv_tails}
+        d.trans_tails = {k: next(copies) for k in s.trans_tails}
+        d.frames_in, d.samples_out = s.frames_in, s.samples_out

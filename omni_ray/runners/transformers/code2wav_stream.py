@@ -192,9 +192,13 @@ class StreamingCode2Wav:
         dev = model.code_embedding.weight.device
         lens = [int(c.shape[0]) for c in codes]
         # 1) Embed: right-pad with code 0 (any valid id); the mean over quantizers is per frame.
-        padded = torch.zeros(len(codes), max(lens), self.config.num_quantizers, dtype=torch.long, device=dev)
+        #    Padded where the codes are (the host, from the talker), then one copy to the device:
+        #    one host-to-device copy (each waits for the GPU) a forward, not one a request.
+        at = codes[0].device if all(c.device == codes[0].device for c in codes) else dev
+        padded = torch.zeros(len(codes), max(lens), self.config.num_quantizers, dtype=torch.long, device=at)
         for b, c in enumerate(codes):
-            padded[b, : lens[b]] = c.to(dev)
+            padded[b, : lens[b]] = c.to(at)
+        padded = padded.to(dev)
         hidden = model.code_embedding(padded.transpose(1, 2) + model.code_offset).mean(1)
         # 2) Sliding-window transformer over the new frames, attending to carried keys/values.
         hidden = self._transformer(states, hidden, lens)
