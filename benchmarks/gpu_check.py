@@ -47,6 +47,7 @@ from benchmarks.answers import (ask, audio_frames, cases, compare_answers, offli
                                well_formed)
 from benchmarks.launch import free_port
 from benchmarks.machine import machine_info
+from benchmarks.overrides import parse_variant, set_dotted
 from benchmarks.serve_proc import REPO_ROOT, ServeRun, child_env, tail
 
 BASE_CONFIG = REPO_ROOT / "serve_configs" / "qwen3_omni_1gpu.yaml"
@@ -449,26 +450,11 @@ def _pct(xs: list[float], q: float) -> float | None:
     return percentile(xs, q) if xs else None
 
 
-def parse_variant(text: str) -> tuple[str, dict]:
-    """``NAME:a.b=v,c=w`` -> (NAME, {"a.b": v, ...}); values read as YAML (true, 1, 0.5, ...)."""
-    name, _, body = text.partition(":")
-    if not name or not body:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME:key.path=value[,...]")
-    pairs = [kv.split("=", 1) for kv in body.split(",")]
-    if any(len(kv) != 2 or not kv[0] for kv in pairs):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME:key.path=value[,...]")
-    return name, {k.strip(): yaml.safe_load(v) for k, v in pairs}
-
-
-def with_overrides(cfg: dict, overrides: dict) -> dict:
-    """``cfg`` with the app args' dotted ``overrides`` set (``pipeline.ramp_chunks`` ...)."""
+def with_overrides(cfg: dict, dotted: dict) -> dict:
+    """``cfg`` with the app args' dotted overrides set (``pipeline.ramp_chunks`` ...)."""
     cfg = copy.deepcopy(cfg)
-    for path, value in overrides.items():
-        node = cfg["applications"][0]["args"]
-        *parents, leaf = path.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
+    app = cfg["applications"][0]
+    app["args"] = set_dotted(app["args"], dotted)
     return cfg
 
 

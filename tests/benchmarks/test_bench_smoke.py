@@ -169,10 +169,10 @@ def test_stalls_say_where_in_the_audio_the_player_ran_dry():
     # bins of audio played: request 1 waits 0.5 s at 1.0 s and 0.1 s at 3.0 s; request 2 waits
     # 0.2 s at 0.05 s and 0.0005 s (client jitter, not a stall) at 1.0 s; request 3 never
     where = stall_where([stalls, [(0.05, 0.2), (1.0, 0.0005)], []], bins=(0.1, 2.0))
-    assert where == {"<0.1s": dict(requests_frac=pytest.approx(1 / 3), mean_wait_s=pytest.approx(0.2)),
-                     "<2.0s": dict(requests_frac=pytest.approx(1 / 3), mean_wait_s=pytest.approx(0.5)),
-                     ">=2.0s": dict(requests_frac=pytest.approx(1 / 3),
-                                    mean_wait_s=pytest.approx(0.1))}
+    third = pytest.approx(1 / 3)
+    assert where == {"<0.1s": dict(requests_frac=third, mean_wait_s=pytest.approx(0.2)),
+                     "<2.0s": dict(requests_frac=third, mean_wait_s=pytest.approx(0.5)),
+                     ">=2.0s": dict(requests_frac=third, mean_wait_s=pytest.approx(0.1))}
     assert stall_where([])["<0.1s"] == dict(requests_frac=None, mean_wait_s=0.0)
 
 
