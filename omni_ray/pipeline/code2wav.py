@@ -8,10 +8,12 @@ hand). Next come the chunks of requests whose audio sent so far plays out within
 stream's second chunk, with a frame of audio ahead of it, goes before the chunks of streams
 with seconds in hand. Each request's chunks still decode in order, so the audio is the same.
 
-The chunks of a step decode in rounds: round r holds each request's r-th pending chunk, at most
+The chosen chunks decode in rounds: round r holds each request's r-th pending chunk, at most
 ``max_batch`` requests, and is one batched forward (``decode_many``; in stateful mode the same
 math as decoding each alone, up to float rounding: ``PipelineConfig.code2wav_batch`` keeps
 float32 at one request a forward). Under load that is one forward for all streams, not one each.
+A step runs one forward and sends its audio at once; the priorities are weighed again for the
+next.
 """
 
 from __future__ import annotations
@@ -71,11 +73,14 @@ class Code2WavLogic(StageLogic):
             if urgent and len(urgent) < len({c.request_id for c in pending}):
                 self._pending = [c for c in pending if c.request_id not in urgent]
                 pending = [c for c in pending if c.request_id in urgent]
-        self.last_batch_size = len({c.request_id for c in pending})
-        for batch in _rounds(pending, self.max_batch):
-            batch = [c for c in batch if c.request_id in self._seq]  # an earlier round failed it
-            if batch:
-                emits.extend(self._decode(batch))
+        # One forward a step: its audio goes out now, and what arrived meanwhile (a new first
+        # chunk, a stream running dry) is weighed before the next forward; the rest waits, in
+        # order, ahead of what came later.
+        batch, *later = _rounds(pending, self.max_batch) or [[]]
+        self._pending = [c for b in later for c in b] + self._pending
+        self.last_batch_size = len(batch)
+        if batch:
+            emits.extend(self._decode(batch))
         return emits
 
     def _most_urgent(self, rids: set[str]) -> set[str]:

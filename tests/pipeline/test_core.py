@@ -464,8 +464,9 @@ def _codec(rid, seq, start, frames, finished=False):
 def test_a_new_requests_first_chunk_is_decoded_before_others_later_chunks(first_chunks_first):
     """Two requests playing (their first chunks out) have 25-frame chunks pending when a third
     one's first chunk arrives: with ``first_chunks_first`` it gets a step of its own; every
-    request's audio is the same either way."""
-    c2w = Code2WavLogic(FakeCode2Wav(), first_chunks_first=first_chunks_first)
+    request's audio is the same either way. A step is one forward (up to 4 requests here)."""
+    c2w = Code2WavLogic(FakeCode2Wav(), first_chunks_first=first_chunks_first, max_batch=4,
+                        clock=lambda: 0.0)  # no one late
     for rid in "abc":
         c2w.add(req(rid), False)
     c2w.on_chunk(_codec("a", 0, 0, 1))
@@ -482,10 +483,10 @@ def test_a_new_requests_first_chunk_is_decoded_before_others_later_chunks(first_
         steps.append([(e.request_id, e.item.seq) for e in emits])
         for e in emits:
             out.setdefault(e.request_id, []).append(e.item.samples)
-    if first_chunks_first:
-        assert steps == [[("c", 0), ("c", 1)], [("a", 1), ("b", 1)]]
-    else:
-        assert steps == [[("a", 1), ("c", 0), ("b", 1), ("c", 1)]]
+    if first_chunks_first:  # c's first chunk alone, then everyone's next (no one is late)
+        assert steps == [[("c", 0)], [("c", 1), ("a", 1), ("b", 1)]]
+    else:  # arrival order: round 0 (a, c, b), then c's second
+        assert steps == [[("a", 1), ("c", 0), ("b", 1)], [("c", 1)]]
     assert [x.numel() for x in out["c"]] == [SAMPLES_PER_FRAME, 2 * SAMPLES_PER_FRAME]
     assert torch.cat(out["a"]).tolist() == [1.0] * SAMPLES_PER_FRAME + [2.0] * 25 * SAMPLES_PER_FRAME
     assert c2w.request_ids() == [] and c2w.runner.num_requests == 0
@@ -504,7 +505,7 @@ def test_a_stream_about_to_run_dry_is_decoded_before_streams_with_audio_in_hand(
     step before those with audio in hand; every request's audio is the same in any order."""
     clock = [0.0]
     c2w = Code2WavLogic(FakeCode2Wav(), sample_rate=SAMPLES_PER_FRAME, urgent_s=urgent_s,
-                        clock=lambda: clock[0])
+                        clock=lambda: clock[0], max_batch=4)
     out = {}
 
     def drain():
@@ -538,7 +539,8 @@ def test_a_late_streams_player_restarts_at_its_late_audio():
     ran out at 1 s and got a frame (1 s) at 5 s plays out at 6 s, so at 5.5 s it is not late
     and its next chunk waits its turn behind a first come ``a``."""
     clock = [0.0]
-    c2w = Code2WavLogic(FakeCode2Wav(), sample_rate=SAMPLES_PER_FRAME, clock=lambda: clock[0])
+    c2w = Code2WavLogic(FakeCode2Wav(), sample_rate=SAMPLES_PER_FRAME, clock=lambda: clock[0],
+                        max_batch=4)
     for rid in "ab":
         c2w.add(req(rid), False)
     c2w.on_chunk(_codec("b", 0, 0, 1))
@@ -549,7 +551,8 @@ def test_a_late_streams_player_restarts_at_its_late_audio():
     clock[0] = 5.5
     c2w.on_chunk(_codec("a", 0, 0, 1))
     c2w.on_chunk(_codec("a", 1, 1, 1))
-    c2w.step()  # a's first chunk (and its next) alone
+    c2w.step()  # a's first chunk alone, then its next
+    c2w.step()
     c2w.on_chunk(_codec("b", 2, 2, 1))
     c2w.on_chunk(_codec("a", 2, 2, 1))
     assert [e.request_id for e in c2w.step()] == ["b", "a"]  # one step: neither is late
@@ -560,7 +563,8 @@ def test_code2wav_batches_one_chunk_per_request_per_forward_and_a_failure_stays_
     split into forwards of at most ``max_batch`` requests; each request's audio is what it gets
     unbatched, and a request that fails in a shared forward fails alone."""
     def run(max_batch, fail=()):
-        c2w = Code2WavLogic(FakeCode2Wav(), first_chunks_first=False, max_batch=max_batch)
+        c2w = Code2WavLogic(FakeCode2Wav(), first_chunks_first=False, max_batch=max_batch,
+                            clock=lambda: 0.0)
         c2w.runner.fail.update(fail)
         for rid in "abc":
             c2w.add(req(rid), False)
@@ -579,8 +583,8 @@ def test_code2wav_batches_one_chunk_per_request_per_forward_and_a_failure_stays_
 
     one, alone, _ = run(1)
     assert one.runner.batches == [["a"], ["b"], ["c"], ["a"], ["b"]]
-    two, batched, _ = run(2)
-    assert two.runner.batches == [["a", "b"], ["c"], ["a", "b"]]
+    two, batched, _ = run(2)  # a step is one forward; the next takes the first pending of each
+    assert two.runner.batches == [["a", "b"], ["c", "a"], ["b"]]
     for rid in "ab":
         assert [(a.seq, a.start_sample, a.finished) for a in batched[rid]] == \
             [(a.seq, a.start_sample, a.finished) for a in alone[rid]]
@@ -589,7 +593,7 @@ def test_code2wav_batches_one_chunk_per_request_per_forward_and_a_failure_stays_
     assert two.request_ids() == ["c"]  # c's stream is still open (no finished chunk yet)
     failed, out, errors = run(2, fail={"b"})
     assert errors == {"b": "RuntimeError: bad codes"}
-    assert failed.runner.batches == [["a", "b"], ["c"], ["a"]]  # b's later chunk is dropped
+    assert failed.runner.batches == [["a", "b"], ["c", "a"]]  # b's later chunk is dropped
     assert torch.equal(torch.cat([a.samples for a in out["a"]]),
                        torch.cat([a.samples for a in alone["a"]]))
 
