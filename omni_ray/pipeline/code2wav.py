@@ -1,8 +1,8 @@
 """Code2wav stage logic: ``CodecChunk``s in, ``AudioChunk``s to the caller.
 
-A step decodes every pending chunk, except that requests' first chunks go first: when any is
-pending, the step decodes only those (``first_chunks_first``), so a new request's first audio
-does not wait behind the 25-frame chunks of every request already playing (they hold audio in
+Pending chunks are decoded most urgent first. Requests' first chunks go first: when any is
+pending, a step takes only those (``first_chunks_first``), so a new request's first audio does
+not wait behind the 25-frame chunks of every request already playing (they hold audio in
 hand). Next come the chunks of requests whose audio sent so far plays out within ``urgent_s``
 (by a player that starts at the first audio and waits whenever the next piece is late): a
 stream's second chunk, with a frame of audio ahead of it, goes before the chunks of streams
