@@ -122,6 +122,7 @@ class Check:
         self.checks: list[dict] = []
         self.data: dict = dict(args={k: str(v) for k, v in vars(args).items()}, phases={})
         self.serve_levels: list[dict] = []  # the standin's Serve bench, for the batch phase
+        self.base_mps = False  # the standin base under MPS (--standin-set mps=true)
 
     def line(self, status: str, name: str, numbers: str = "", **detail) -> bool:
         text = f"{status} {name}: {numbers}"
@@ -281,16 +282,47 @@ def phase_standin(chk: Check) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cfg = app_config(model, dev, port, tiny=False, dummy=True, processor=has_proc)
-    if a.standin_set:  # the base itself with other app args (e.g. the B of an A/B run apart)
-        cfg = with_overrides(cfg, parse_variant(f"set:{a.standin_set}")[1])
+    base_set = parse_variant(f"set:{a.standin_set}")[1] if a.standin_set else {}
+    # mps=true: the base under an MPS daemon too; a variant inherits it unless it says mps=false
+    chk.base_mps = bool(base_set.pop("mps", False))
+    res["mps"] = chk.base_mps
+    if base_set:  # the base itself with other app args (e.g. the B of an A/B run apart)
+        cfg = with_overrides(cfg, base_set)
     if a.realtime:  # realtime answers have no per-request frame bound: the app's default
         cfg = with_overrides(cfg, {"limits.default_max_audio_frames": REALTIME_FRAMES})
-    sr, st = timed_start(chk, cfg, "standin", url, a.ray_stop)
+    with contextlib.ExitStack() as mps_stack:  # the base's daemon quits before the variants
+        env = mps_env(chk, mps_stack, "base") if chk.base_mps else None
+        if chk.base_mps and env is None:
+            return
+        base = standin_base(chk, a, dev, cfg, shape, url, has_proc, res, env)
+    if base is None:
+        return
+    for name, overrides in a.ab:
+        standin_variant(chk, cfg, name, overrides, base)
+
+
+def mps_env(chk: Check, stack: contextlib.ExitStack, tag: str) -> dict | None:
+    """An MPS daemon for the rest of ``stack`` (omni_ray/mps.py): the environment its clients
+    need, or None (a FAIL line) where there is no MPS."""
+    from omni_ray.mps import mps_daemon
+
+    try:
+        return stack.enter_context(mps_daemon(chk.tmp / f"mps_{tag}"))
+    except Exception as e:  # noqa: BLE001 - no MPS here: that start fails, the run goes on
+        chk.line("FAIL", f"standin {tag} MPS daemon", f"{type(e).__name__}: {e}")
+        return None
+
+
+def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_proc: bool,
+                 res: dict, env: dict | None) -> list[dict] | None:
+    """The stand-in app started (``env``: an MPS daemon's, or None), checked and benched: its
+    bench levels (None: it did not start)."""
+    sr, st = timed_start(chk, cfg, "standin", url, a.ray_stop, env=env)
     res["start"] = st
     if sr is None:
         chk.line("FAIL", "standin start", st["error"], log_tail=st["log_tail"])
         print(st["log_tail"], flush=True)
-        return
+        return None
     with sr:
         chk.line("PASS", "standin start", f"healthy {st['healthy_s']}s, "
                  f"first answer {st['first_answer_s']}s (checkpoint made in {res['make_s']}s)")
@@ -328,8 +360,7 @@ def phase_standin(chk: Check) -> None:
             poisson_bench(chk, url, shape)
         if a.realtime:
             realtime_bench(chk, url)
-    for name, overrides in a.ab:
-        standin_variant(chk, cfg, name, overrides, base)
+    return base
 
 
 # Issue 20's targets for the one-H200 Serve app (stand-in, 128 tokens, 150 frames):
@@ -473,20 +504,15 @@ def standin_variant(chk: Check, base_cfg: dict, name: str, overrides: dict,
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     overrides = dict(overrides)
-    mps = bool(overrides.pop("mps", False))  # not an app arg: the GPU shared through MPS
+    # not an app arg: the GPU shared through MPS (the base's choice unless the variant says)
+    mps = bool(overrides.pop("mps", chk.base_mps))
     cfg = with_overrides(base_cfg, overrides)
     cfg["http_options"]["port"] = port
     chk.data["phases"].setdefault("standin_ab", {})[name] = dict(overrides=overrides, mps=mps)
     with contextlib.ExitStack() as stack:
-        env = None
-        if mps:
-            from omni_ray.mps import mps_daemon
-
-            try:
-                env = stack.enter_context(mps_daemon(chk.tmp / f"mps_{name}"))
-            except Exception as e:  # noqa: BLE001 - no MPS here: the variant fails, the run goes on
-                chk.line("FAIL", f"standin {name} MPS daemon", f"{type(e).__name__}: {e}")
-                return
+        env = mps_env(chk, stack, name) if mps else None
+        if mps and env is None:
+            return
         sr, st = timed_start(chk, cfg, f"standin_{name}", url, chk.args.ray_stop, env=env)
         chk.data["phases"]["standin_ab"][name]["start"] = st
         if sr is None:
@@ -846,7 +872,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "ramp:pipeline.ramp_chunks=true,pipeline.initial_chunk_frames=1; "
                          "the key mps=true runs the variant under an MPS daemon (omni_ray/mps.py)")
     ap.add_argument("--standin-set", default="", metavar="key.path=value[,...]",
-                    help="the standin phase's app args changed before it starts (no A/B)")
+                    help="the standin phase's app args changed before it starts (no A/B); "
+                         "mps=true runs it under an MPS daemon, and the --ab variants too "
+                         "unless they say mps=false")
     ap.add_argument("--rates", default="", help="after the standin bench: Poisson arrivals at "
                     "these req/s with mixed prompt lengths, e.g. 1,2,4")
     ap.add_argument("--rate-requests", type=int, default=24, help="requests per rate")

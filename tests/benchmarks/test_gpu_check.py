@@ -284,3 +284,53 @@ def test_a_check_whose_app_cannot_import_stops_before_starting_anything(tmp_path
     assert lines[0] == ("FAIL preflight: the app's modules import: ModuleNotFoundError: No module "
                         "named 'webrtcvad'")
     assert not (tmp_path / "logs").exists()  # no serve run was started
+
+
+def test_a_base_under_mps_is_refused_where_there_is_no_mps(tmp_path):
+    """``--standin-set mps=true`` runs the base under an MPS daemon: on a machine without one
+    (this CPU box) that start fails as one FAIL line naming the daemon, before any app starts,
+    and no variant runs without its base."""
+    rc = gpu_check.main(["--device", "cpu", "--phases", "standin", "--out", str(tmp_path),
+                         "--standin-set", "mps=true", "--ab", "b:pipeline.ramp_ratio=2"])
+    lines = (tmp_path / "gpu_check.txt").read_text().splitlines()
+    assert rc == 1
+    fails = [line for line in lines if line.startswith("FAIL")]
+    assert fails[:-1] == [f"FAIL standin base MPS daemon: RuntimeError: {gpu_check_mps_control()} "
+                          "not found: MPS is not available on this machine (it comes with the "
+                          "NVIDIA driver on GPU nodes)"], lines
+    assert fails[-1].startswith("FAIL gpu_check: 0 passed, 1 failed")
+    assert not (tmp_path / "logs").exists() and not any("A/B" in line for line in lines)
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert data["phases"]["standin"]["mps"] is True
+
+
+def gpu_check_mps_control() -> str:
+    from omni_ray.mps import CONTROL
+
+    return CONTROL
+
+
+@pytest.mark.parametrize("base_mps,variant,expect", [
+    (True, {}, True), (True, {"mps": False}, False), (False, {}, False),
+    (False, {"mps": True}, True)])
+def test_a_variant_runs_under_mps_as_its_base_unless_it_says(monkeypatch, tmp_path, base_mps,
+                                                            variant, expect):
+    args = gpu_check.parse_args(["--device", "cpu", "--out", str(tmp_path)])
+    chk = gpu_check.Check(args)
+    chk.base_mps = base_mps
+    asked = []
+
+    def no_daemon(chk, stack, tag):  # where MPS is asked for: record it, the start is refused
+        asked.append(tag)
+        return None
+
+    def no_start(*a, **k):
+        raise AssertionError("a variant whose MPS daemon failed must not start")
+
+    monkeypatch.setattr(gpu_check, "mps_env", no_daemon)
+    monkeypatch.setattr(gpu_check, "timed_start", no_start if expect else
+                        lambda *a, **k: (None, dict(error="not started", log_tail="")))
+    base = gpu_check.app_config("/tmp/none", "cpu", 1234, tiny=False, dummy=True, processor=True)
+    gpu_check.standin_variant(chk, base, "v", {"pipeline.ramp_ratio": 2, **variant}, [])
+    assert asked == (["v"] if expect else [])
+    assert chk.data["phases"]["standin_ab"]["v"]["mps"] is expect
