@@ -91,6 +91,22 @@ def test_real_shape_parameter_counts(real_dir):
     assert 34.5e9 < sum(counts.values()) < 36e9
 
 
+def test_half_thinker_shape_halves_the_thinker_only(tmp_path):
+    """The H100-sized stand-in: 24 thinker layers (~16B with its encoders), the talker tapping
+    layer 12 of them, the speech stages as released."""
+    d = make_dummy_checkpoint(tmp_path / "h", shape="qwen3-omni-30b-a3b-half-thinker",
+                              processor=False)
+    cfg, real = load_omni_config(d), shape_config_dict()
+    assert cfg.thinker_config.text_config.num_hidden_layers == 24
+    assert cfg.talker_config.accept_hidden_layer == 12
+    half = shape_config_dict("qwen3-omni-30b-a3b-half-thinker")
+    for key in ("code2wav_config",):
+        assert half[key] == real[key]
+    assert half["talker_config"] == {**real["talker_config"], "accept_hidden_layer": 12}
+    module, _ = build_dummy_stage(cfg, "thinker", "meta")
+    assert 15e9 < sum(p.numel() for p in module.parameters()) < 17.5e9
+
+
 def test_checkpoint_layout_and_marker(tmp_path, tiny_model_dir):
     d = make_dummy_checkpoint(tmp_path / "d", shape="smoke", seed=7, processor=False)
     assert not list(d.glob("*.safetensors"))

