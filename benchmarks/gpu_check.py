@@ -295,9 +295,7 @@ def phase_standin(chk: Check) -> None:
         if chk.base_mps and env is None:
             return
         base = standin_base(chk, a, dev, cfg, shape, url, has_proc, res, env)
-    if base is None:
-        return
-    for name, overrides in a.ab:
+    for name, overrides in a.ab:  # also when the base did not start (no A/B lines then)
         standin_variant(chk, cfg, name, overrides, base)
 
 
@@ -314,15 +312,15 @@ def mps_env(chk: Check, stack: contextlib.ExitStack, tag: str) -> dict | None:
 
 
 def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_proc: bool,
-                 res: dict, env: dict | None) -> list[dict] | None:
+                 res: dict, env: dict | None) -> list[dict]:
     """The stand-in app started (``env``: an MPS daemon's, or None), checked and benched: its
-    bench levels (None: it did not start)."""
+    bench levels (none: it did not start)."""
     sr, st = timed_start(chk, cfg, "standin", url, a.ray_stop, env=env)
     res["start"] = st
     if sr is None:
         chk.line("FAIL", "standin start", st["error"], log_tail=st["log_tail"])
         print(st["log_tail"], flush=True)
-        return None
+        return []
     with sr:
         chk.line("PASS", "standin start", f"healthy {st['healthy_s']}s, "
                  f"first answer {st['first_answer_s']}s (checkpoint made in {res['make_s']}s)")
