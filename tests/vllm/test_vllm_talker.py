@@ -7,6 +7,9 @@ mixed pipeline (transformers thinker), one in an all-vLLM pipeline.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from vllm_helpers import (SMALL_ENGINE, VLLM_TESTS, assert_same_answers, idle_runner,
@@ -15,6 +18,7 @@ from vllm_helpers import (SMALL_ENGINE, VLLM_TESTS, assert_same_answers, idle_ru
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root holds benchmarks/
 pytestmark = VLLM_TESTS
 GREEDY = SamplingParams()
 ENGINE_KWARGS = SMALL_ENGINE
@@ -341,6 +345,36 @@ def test_code_predictor_behind_the_sampler_changes_no_frame(batched_talker, thin
     """Requests in lockstep (all text known) and with the text trickling in (a token every 3
     steps: requests wait with a result kept)."""
     _early_equals_late(batched_talker, thinker_out, steps_between)
+
+
+def test_a_decode_steps_inputs_take_one_add_for_the_batch_not_one_per_row(batched_talker,
+                                                                           thinker_out):
+    """The bridge adds the text part to the codes' embeddings of a decode step's rows in one
+    operator for the batch, not one per row (each is a launch on a GPU; the talker's ``text_s``
+    was 4.5 ms a step at 28 rows on the H200, session 15). Counted on the steps whose rows all
+    came from behind the sampler (no code predictor inside), as requests finish and the batch
+    shrinks from 4 rows to 1."""
+    from benchmarks.op_count import OpCount  # the repo root: on sys.path above
+
+    bridge = batched_talker._bridge
+    inner = bridge.decode_embeds
+    seen = {}
+
+    def counted(input_ids, embed_codes):
+        early = sum(1 for s in bridge.seqs.values() if s.request_id in bridge.early)
+        with OpCount() as c:
+            out = inner(input_ids, embed_codes)
+        if early == out.shape[0]:  # every row's codes made behind the sampler
+            seen.setdefault(out.shape[0], set()).add(c.by_op["add"])
+        return out
+
+    bridge.decode_embeds = counted
+    try:
+        _drive(batched_talker, thinker_out)
+    finally:
+        del bridge.decode_embeds
+    assert {1, 4} <= set(seen), seen
+    assert len(set().union(*seen.values())) == 1, seen
 
 
 def test_abort_drops_the_kept_code_predictor_result(batched_talker, thinker_out):

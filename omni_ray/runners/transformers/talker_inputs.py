@@ -146,6 +146,7 @@ class TalkerInputs:
                                      config.tts_pad_token_id]], device=device)
             proj = self.model.text_projection(self.embed_text(special))
             self.tts_bos, self.tts_eos, self.tts_pad = proj[:, 0:1], proj[:, 1:2], proj[:, 2:3]
+            self._eos_pad = proj[0, 1:3]  # [2, D]: rows -2 and -1 of trailing_batch's table
         on_cuda = str(device).startswith("cuda")
         # Whether the code predictor may batch requests: on CUDA always (speed over last bits);
         # on CPU when, with each request's GEMMs its own, a batch's logits are bitwise each
@@ -281,22 +282,26 @@ class TalkerInputs:
     # -- decode ----------------------------------------------------------------------------------
     def trailing_batch(self, seqs: list[TalkerSeq]) -> torch.Tensor:
         """[B, 1, D]: the projected text part of each request's next decode step (``gen_step``;
-        see the module doc), with one projection of all the text ids among them."""
-        rows, ids = [], []
+        see the module doc): one projection of all the text ids among them, then one gather
+        with ``tts_eos`` / ``tts_pad`` for the rows past the text (not a slice per row)."""
+        pick, ids = [], []  # pick: each row's index into [projected ids..., tts_eos, tts_pad]
         for seq in seqs:
             a, k = seq.stream, seq.gen_step
             idx = ASSISTANT_HEADER + 1 + k
             if idx < len(a) - 1 or not seq.text_finished:
                 if idx >= len(a) - 1:
                     raise RuntimeError(f"{seq.request_id}: trailing text {k} not available")
-                rows.append(len(ids))
+                pick.append(len(ids))
                 ids.append(a[idx])
             else:
                 last = max(len(a) - 2 - ASSISTANT_HEADER, 0)  # the step that speaks tts_eos
-                rows.append(self.tts_eos if k == last else self.tts_pad)
-        proj = self.project_text(ids)[0] if ids else None  # [n, D]
-        return torch.cat([r if isinstance(r, torch.Tensor) else proj[r:r + 1].unsqueeze(0)
-                          for r in rows], dim=0)
+                pick.append(-2 if k == last else -1)
+        if len(ids) == len(seqs):  # every row text, in order
+            return self.project_text(ids)[0].unsqueeze(1)
+        if not ids and len(set(pick)) == 1:  # every row the same special
+            return self._eos_pad[pick[0]].expand(len(seqs), 1, -1)
+        table = torch.cat([self.project_text(ids)[0], self._eos_pad]) if ids else self._eos_pad
+        return table[to_device(pick, table.device)].unsqueeze(1)
 
     def project_text(self, ids: list[int]) -> torch.Tensor:
         return self.model.text_projection(self.embed_text(to_device([ids], self.device)))

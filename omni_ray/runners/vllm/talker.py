@@ -413,7 +413,6 @@ class _Bridge:
                 residual.update(self.inputs.residual_codes_batch(rest, frames_later=True))
             except Exception:  # one request at a time below isolates the failure
                 pass
-        embeds = {}
         ok = []
         for seq in live:
             try:
@@ -424,21 +423,28 @@ class _Bridge:
             ok.append((seq, got))
         t1 = time.perf_counter()
         self.spent["code_predictor_s"] += t1 - t0
+        like = embed_codes(input_ids[:1])
+        out = torch.zeros((len(rows), like.shape[-1]), dtype=like.dtype, device=like.device)
         if ok:
+            # The batch's inputs in a fixed number of operators, whatever its size: one concat
+            # of the codes' embeddings, one add of the text, one scatter into the step's rows.
             text = self.inputs.trailing_batch([seq for seq, _ in ok])  # [n, 1, D]
-            for i, (seq, (frame, codec_embed)) in enumerate(ok):
-                embeds[seq.request_id] = codec_embed + text[i:i + 1]
+            embeds = torch.cat([codec_embed for _, (_, codec_embed) in ok]) + text
+            at = {}
+            for i, (seq, (frame, _)) in enumerate(ok):
+                at[seq.request_id] = i
                 seq.gen_step += 1
                 if seq.request_id not in sent:
                     self.frames[seq.request_id] = frame
                     self.spent["frames"] += 1
-        like = embed_codes(input_ids[:1])
-        out = torch.zeros((len(rows), like.shape[-1]), dtype=like.dtype, device=like.device)
-        have = [(r, embeds[rid]) for r, (_, internal) in enumerate(rows)
-                if (rid := self.seqs[internal].request_id) in embeds]
-        if have:  # one copy for the batch, not one per row
-            idx = to_device([r for r, _ in have], out.device)
-            out[idx] = torch.cat([e.reshape(1, -1) for _, e in have]).to(out.dtype)
+            pairs = [(r, at[rid]) for r, (_, internal) in enumerate(rows)
+                     if (rid := self.seqs[internal].request_id) in at]
+            if pairs:
+                if all(r == i for r, i in pairs):  # rows 0..m-1 in the batch's order
+                    out[:len(pairs)] = embeds[:len(pairs), 0].to(out.dtype)
+                else:
+                    idx = to_device(list(zip(*pairs)), out.device)  # one copy: [2, m]
+                    out[idx[0]] = embeds[idx[1], 0].to(out.dtype)
         self.spent["text_s"] += time.perf_counter() - t1
         return out
 
