@@ -31,7 +31,6 @@ from pathlib import Path
 from omni_ray.models.tiny import tiny_config_dict, write_processor, write_tokenizer
 
 MARKER = "omni_ray_dummy.json"
-SHAPES = ("qwen3-omni-30b-a3b", "qwen3-omni-30b-a3b-half-thinker", "smoke")
 DEFAULT_SHAPE = "qwen3-omni-30b-a3b"
 INIT_STD = 0.02
 
@@ -111,6 +110,13 @@ SMOKE = dict(
 )
 
 
+# Each shape: the value sets laid over the tiny config, in order (the names are SHAPES).
+SHAPE_LAYERS = {"qwen3-omni-30b-a3b": (RELEASED,),
+                "qwen3-omni-30b-a3b-half-thinker": (RELEASED, HALF_THINKER),
+                "smoke": (RELEASED, SMOKE)}
+SHAPES = tuple(SHAPE_LAYERS)
+
+
 def shape_config_dict(shape: str = DEFAULT_SHAPE) -> dict:
     """config.json content (a plain dict) of a dummy checkpoint of ``shape``."""
     if shape not in SHAPES:
@@ -121,9 +127,7 @@ def shape_config_dict(shape: str = DEFAULT_SHAPE) -> dict:
              "vision": th["vision_config"], "talker_text": tk["text_config"],
              "code_predictor": tk["code_predictor_config"], "talker": tk,
              "code2wav": cfg["code2wav_config"]}
-    layers = {"qwen3-omni-30b-a3b": [RELEASED], "qwen3-omni-30b-a3b-half-thinker":
-              [RELEASED, HALF_THINKER], "smoke": [RELEASED, SMOKE]}[shape]
-    for values in layers:
+    for values in SHAPE_LAYERS[shape]:
         for part, fields in values.items():
             for k, v in copy.deepcopy(fields).items():
                 if v is None:

@@ -295,19 +295,15 @@ def test_a_base_under_mps_is_refused_where_there_is_no_mps(tmp_path):
     lines = (tmp_path / "gpu_check.txt").read_text().splitlines()
     assert rc == 1
     fails = [line for line in lines if line.startswith("FAIL")]
-    assert fails[:-1] == [f"FAIL standin base MPS daemon: RuntimeError: {gpu_check_mps_control()} "
+    from omni_ray.mps import CONTROL
+
+    assert fails[:-1] == [f"FAIL standin base MPS daemon: RuntimeError: {CONTROL} "
                           "not found: MPS is not available on this machine (it comes with the "
                           "NVIDIA driver on GPU nodes)"], lines
     assert fails[-1].startswith("FAIL gpu_check: 0 passed, 1 failed")
     assert not (tmp_path / "logs").exists() and not any("A/B" in line for line in lines)
     data = json.loads((tmp_path / "gpu_check.json").read_text())
     assert data["phases"]["standin"]["mps"] is True
-
-
-def gpu_check_mps_control() -> str:
-    from omni_ray.mps import CONTROL
-
-    return CONTROL
 
 
 @pytest.mark.parametrize("base_mps,variant,expect", [

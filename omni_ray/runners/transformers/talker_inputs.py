@@ -298,8 +298,6 @@ class TalkerInputs:
                 pick.append(-2 if k == last else -1)
         if len(ids) == len(seqs):  # every row text, in order
             return self.project_text(ids)[0].unsqueeze(1)
-        if not ids and len(set(pick)) == 1:  # every row the same special
-            return self._eos_pad[pick[0]].expand(len(seqs), 1, -1)
         table = torch.cat([self.project_text(ids)[0], self._eos_pad]) if ids else self._eos_pad
         return table[to_device(pick, table.device)].unsqueeze(1)
 
