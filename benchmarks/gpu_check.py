@@ -181,8 +181,10 @@ def timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool,
         ready = sr.since_launch()
         if not (ans["text"] or ans["finish"] == "length"):
             raise RuntimeError(f"first request: {ans}")
+        # a stage's further replicas may still be starting: the bench waits for them all
+        every = sr.wait_engines(extra_replicas(cfg), start_timeout(chk))
         st = dict(healthy_s=round(healthy, 1), first_answer_s=round(ready, 1),
-                  start_phases=start_phases(url))
+                  all_engines_s=round(every, 1), start_phases=start_phases(sr))
         chk.line("INFO", f"{tag} start phases", "; ".join(
             f"{stage} " + ", ".join(f"{k.removesuffix('_s')} {v:g}s" for k, v in ph.items())
             for stage, ph in st["start_phases"].items()))
@@ -195,15 +197,33 @@ def timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool,
         raise
 
 
-def start_phases(url: str) -> dict:
-    """Each stage engine's start, by part (``/debug/stats``' ``start_phases``: the wait for the
-    GPU's start turn, the build, and the runner's own parts: vLLM's engine, kernel warm-up,
-    graphs)."""
-    import httpx
+def start_phases(sr: ServeRun) -> dict:
+    """Each stage engine's start, by part, from the log (the wait for the GPU's start turn, the
+    build, and the runner's own parts: vLLM's engine, kernel warm-up, graphs); a stage's second
+    replica is ``<stage>#2``."""
+    order = ("thinker", "talker", "code2wav")  # pipeline order, then any other stage
+    starts = sorted(sr.engine_starts(),
+                    key=lambda e: order.index(e[0]) if e[0] in order else len(order))
+    out: dict[str, dict] = {}
+    for stage, phases in starts:
+        n = sum(k.split("#")[0] == stage for k in out)
+        out[stage if n == 0 else f"{stage}#{n + 1}"] = phases
+    return out
 
-    stats = httpx.get(f"{url}/debug/stats", timeout=120).json()
-    return {stage: s.get("start_phases") or {} for stage, s in stats.items()
-            if isinstance(s, dict) and "start_phases" in s}
+
+def every_engine(st: dict) -> str:
+    """", every engine <s>s" where a further replica started after the first answer."""
+    late = st["all_engines_s"] > st["first_answer_s"] + 1
+    return f", every engine {st['all_engines_s']}s" if late else ""
+
+
+def extra_replicas(cfg: dict) -> dict[str, int]:
+    """The stages the app runs with more than one replica (``<stage>.deployment_config.
+    num_replicas``), and how many."""
+    args = cfg["applications"][0]["args"]
+    want = {stage: (args.get(stage) or {}).get("deployment_config", {}).get("num_replicas", 1)
+            for stage in ("thinker", "talker", "code2wav")}
+    return {stage: n for stage, n in want.items() if isinstance(n, int) and n > 1}
 
 
 def start_timeout(chk: Check) -> float:
@@ -323,7 +343,8 @@ def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_p
         return []
     with sr:
         chk.line("PASS", "standin start", f"healthy {st['healthy_s']}s, "
-                 f"first answer {st['first_answer_s']}s (checkpoint made in {res['make_s']}s)")
+                 f"first answer {st['first_answer_s']}s{every_engine(st)} "
+                 f"(checkpoint made in {res['make_s']}s)")
         import httpx
 
         entry = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]
@@ -416,12 +437,15 @@ def realtime_bench(chk: Check, url: str) -> None:
 
 def profile_line(profile: dict) -> str:
     """One line of a level's step profile (benchmarks/step_profile.py): per stage steps/s,
-    requests per step, ms per step, busy share, and the runner's parts in ms per step."""
+    requests per step, ms per step, busy share, and the runner's parts in ms per step (a stage
+    with several replicas: their steps summed, busy per replica)."""
     parts = []
     for stage, r in profile.items():
+        n = r.get("replicas", 1)
         runner = " ".join(f"{k[:-2]}={v:.1f}"
                           for k, v in (r.get("runner_ms_per_step") or {}).items())
-        parts.append(f"{stage}: {r['steps_per_s']:.0f} steps/s x{_f(r['requests_per_step'], 1)} "
+        name = f"{stage} ({n} replicas, split {r['rows_by_replica']})" if n > 1 else stage
+        parts.append(f"{name}: {r['steps_per_s']:.0f} steps/s x{_f(r['requests_per_step'], 1)} "
                      f"{_f(r['ms_per_step'], 1)} ms/step busy {r['share']['step']:.0%} "
                      f"cmds {r['share']['commands']:.0%}" + (f" [{runner}]" if runner else ""))
     return "; ".join(parts)
@@ -488,6 +512,7 @@ def with_overrides(cfg: dict, dotted: dict) -> dict:
 
 
 VARIANT_S = 400  # what an A/B variant needs of the budget (standin_variant)
+EXTRA_REPLICA_S = 100  # and each further replica of a stage (session 18: the second talker 75 s)
 
 
 def standin_variant(chk: Check, base_cfg: dict, name: str, overrides: dict,
@@ -496,15 +521,16 @@ def standin_variant(chk: Check, base_cfg: dict, name: str, overrides: dict,
     (``gpu_serve_<name>.json``), and one line per level comparing it with the base."""
     # a warm restart (261-289 s on the H200, sessions 14-15) and the bench (~100 s): a variant
     # that starts with less left runs past the budget, and the device takes its files along
-    if chk.left_s() < VARIANT_S:
-        chk.line("SKIP", f"standin A/B {name}", f"{chk.left_s():.0f}s left")
-        return
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     overrides = dict(overrides)
     # not an app arg: the GPU shared through MPS (the base's choice unless the variant says)
     mps = bool(overrides.pop("mps", chk.base_mps))
     cfg = with_overrides(base_cfg, overrides)
+    need = VARIANT_S + EXTRA_REPLICA_S * sum(n - 1 for n in extra_replicas(cfg).values())
+    if chk.left_s() < need:
+        chk.line("SKIP", f"standin A/B {name}", f"{chk.left_s():.0f}s left, {need}s needed")
+        return
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     cfg["http_options"]["port"] = port
     chk.data["phases"].setdefault("standin_ab", {})[name] = dict(overrides=overrides, mps=mps)
     with contextlib.ExitStack() as stack:
@@ -518,7 +544,8 @@ def standin_variant(chk: Check, base_cfg: dict, name: str, overrides: dict,
             return
         with sr:
             chk.line("PASS", f"standin {name} start",
-                     f"healthy {st['healthy_s']}s ({overrides}{', MPS' if mps else ''})")
+                     f"healthy {st['healthy_s']}s{every_engine(st)} "
+                     f"({overrides}{', MPS' if mps else ''})")
             levels = serve_bench(chk, url, chk.data["phases"]["standin"]["shape"], st, cfg,
                                  tag=name)
     chk.data["phases"]["standin_ab"][name]["levels"] = levels

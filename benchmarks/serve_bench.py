@@ -133,7 +133,8 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
         for kind, value in levels:
             batch = bodies(requests_per_level(args, value if kind == "concurrency" else 0),
                            args.seed)
-            stats_before = await asyncio.to_thread(step_profile.fetch, url)
+            stats_before = await asyncio.to_thread(step_profile.fetch, url,
+                                                     samples=step_profile.SAMPLES)
             with tqdm(total=len(batch), desc=f"{label} {kind}={value}", leave=True) as pbar:
                 if kind == "rate":
                     recs, wall = await open_loop(client, url, batch, value, args.seed, pbar)
@@ -148,7 +149,9 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
                                 **await ttfa_breakdown(url, [r.request_id for r in recs]),
                                 step_profile=step_profile.diff(
                                     stats_before,
-                                    await asyncio.to_thread(step_profile.fetch, url), wall)))
+                                    await asyncio.to_thread(step_profile.fetch, url,
+                                                            samples=step_profile.SAMPLES),
+                                    wall)))
     return results
 
 

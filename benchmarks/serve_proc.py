@@ -10,6 +10,7 @@ its own only: it ends every Ray cluster of the user).
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -18,12 +19,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import httpx
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MARKER = "OMNI_RAY_SERVE_PROC"
+# a stage engine's "loaded and warmed up" line (omni_ray/stages/engine.py)
+ENGINE_STARTED = re.compile(r"omni_ray: (\w+) engine: start phases (\{[^}]*\})")
 
 
 def cli(name: str) -> str:
@@ -39,6 +43,9 @@ def child_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("RAY_AUTH_MODE", "disabled")
+    # every line in the log: Ray merges lines that differ only in numbers within 5 s, such as
+    # two replicas' "engine: start phases" (ServeRun.engine_starts counts them)
+    env["RAY_DEDUP_LOGS"] = "0"
     env.update(extra or {})
     return env
 
@@ -90,6 +97,29 @@ class ServeRun:
                 pass
             time.sleep(1.0)
         raise TimeoutError(f"not healthy after {timeout_s:.0f}s")
+
+    def engine_starts(self) -> list[tuple[str, dict]]:
+        """(stage, start phases) of each stage engine started so far, in log order: an engine
+        logs them once it is loaded and warmed up (omni_ray/stages/engine.py), when its replica
+        can take requests. A stage with several replicas logs one line per engine."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return [(m[1], ast.literal_eval(m[2])) for m in ENGINE_STARTED.finditer(text)]
+
+    def wait_engines(self, want: dict[str, int], timeout_s: float) -> float:
+        """Seconds from launch until the log shows ``want[stage]`` engines of each stage
+        started. ``/health`` and a first answer need one replica of each stage; a second replica
+        starts after the first (GPU start turns) and warms up for a minute more, and a bench run
+        meanwhile measures one replica beside a warm-up. Raises on exit or timeout."""
+        end = self.t_launch + timeout_s
+        while True:
+            got = Counter(stage for stage, _ in self.engine_starts())
+            if all(got[s] >= n for s, n in want.items()):
+                return time.perf_counter() - self.t_launch
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"`serve run` exited with {self.proc.returncode}")
+            if time.perf_counter() >= end:
+                raise TimeoutError(f"engines started {dict(got)}, want {want}")
+            time.sleep(1.0)
 
     def since_launch(self) -> float:
         return time.perf_counter() - self.t_launch

@@ -136,9 +136,10 @@ def test_tiny_phase_passes_on_cpu(tmp_path):
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
-    rc, lines, _ = run_check(tmp_path, "--phases", "standin", "--num-requests", "2",
+    rc, lines, data = run_check(tmp_path, "--phases", "standin", "--num-requests", "2",
                              "--rates", "4", "--rate-requests", "3", "--rate-prompt-words", "8,300",
-                             "--ab", "urgent:pipeline.code2wav_urgent_ms=300",
+                             "--ab", "urgent:pipeline.code2wav_urgent_ms=300,"
+                             "code2wav.deployment_config.num_replicas=2",
                              "--torch-profile", "2")
     assert rc == 0, "\n".join(lines)
     prof = json.loads((tmp_path / "gpu_profile.json").read_text())  # every stage, under load
@@ -172,6 +173,10 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     assert lv["ttfa_p99_s"] >= lv["ttfa_p50_s"] > 0 and len(lv["prompt_tokens"]) == 3
     assert 0 <= lv["realtime_frac"] <= 1 and lv["stall_p99_s"] >= 0
     assert sum(line.startswith("INFO A/B urgent c=") for line in lines) == 2
+    # the variant's two code2wav replicas: both started before its bench, both in its phases
+    start = data["phases"]["standin_ab"]["urgent"]["start"]
+    assert {"code2wav", "code2wav#2"} <= set(start["start_phases"]), start
+    assert start["all_engines_s"] >= start["healthy_s"] > 0
     assert sum(line.startswith("INFO stalls by audio played urgent c=") for line in lines) == 2
 
 

@@ -6,13 +6,17 @@ offline pipeline's, request by request, and both replicas of each stage hold an 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 
 import numpy as np
 import pytest
 from chat_helpers import ask, offline_answer
 from serve_helpers import app_args, wait_ready
 
+from benchmarks import step_profile
+
 pytestmark = pytest.mark.slow
+SAMPLES = 30  # stats fetches: Serve routes each to one replica, so both are seen (p ~ 1 - 2^-29)
 
 PROMPTS = ["Hello there, how are you?", "Name three colours.", "Count to five.",
            "What is the weather like?", "Tell me a joke.", "Say goodbye."]
@@ -38,8 +42,20 @@ def test_two_talkers_and_two_vocoders_answer_as_offline(replicas_url, offline):
     running = {name.split(":")[0]: d.replica_states.get("RUNNING", 0)
                for name, d in deployments.items()}
     assert running == {"Thinker": 1, "Talker": 2, "Code2Wav": 2, "OmniIngress": 1}, running
+    before = step_profile.fetch(replicas_url, samples=SAMPLES)
+    t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:  # all at once: both replicas take some
         got = list(pool.map(lambda p: ask(replicas_url, text=p, stream=True), PROMPTS))
+    prof = step_profile.diff(before, step_profile.fetch(replicas_url, samples=SAMPLES),
+                             time.perf_counter() - t0)
+    # the bench's step profile sums both engines of a stage, and says how the work split
+    assert {s: r["replicas"] for s, r in prof.items()} == {"thinker": 1, "talker": 2,
+                                                          "code2wav": 2}, prof
+    for stage in ("talker", "code2wav"):
+        row = prof[stage]
+        assert len(row["rows_by_replica"]) == 2 and min(row["rows_by_replica"]) > 0, row
+        assert sum(row["rows_by_replica"]) == pytest.approx(
+            row["requests_per_step"] * row["steps"]), row
     for prompt, (text, pcm, finish, _) in zip(PROMPTS, got):
         ref_text, ref_pcm = offline_answer(offline["async_chunk"], text=prompt)
         assert text == ref_text, prompt
