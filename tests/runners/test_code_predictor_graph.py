@@ -73,6 +73,37 @@ def test_static_code_predictor_equals_transformers(talker_parts, deep, batch, fu
         torch.testing.assert_close(embed_sum[i:i + 1], emb, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+@torch.inference_mode()
+def test_the_steps_rotary_tables_give_the_same_frame_without_their_operators(talker_parts,
+                                                                            sample):
+    """``rope_steps``' tables, made once (the CUDA graphs take them as inputs), give the codes
+    and the summed embedding of the rotary computed step by step, bitwise; the frame then runs
+    none of the rotary's operators (15 steps x arange, cos, sin, ... before)."""
+    from benchmarks.op_count import OpCount
+    from omni_ray.runners.transformers.code_predictor_graph import rope_steps
+
+    talker = _deeper(talker_parts.module)
+    cp = talker.code_predictor.model.config
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(4, 1, talker.config.text_config.hidden_size, generator=gen)
+    code0 = torch.randint(0, 2048, (4,), generator=gen)
+    tables = rope_steps(talker, hidden)
+    runs = []
+    for rope in (None, tables):
+        kv = [(torch.zeros(4, cp.num_key_value_heads, 16, cp.head_dim),
+               torch.zeros(4, cp.num_key_value_heads, 16, cp.head_dim))
+              for _ in range(cp.num_hidden_layers)]
+        torch.manual_seed(0)  # the sampled codes' draws
+        with OpCount() as ops:
+            runs.append((*static_codes(talker, hidden, code0, kv, sample, rope=rope), ops))
+    (codes, emb, per_step), (codes_t, emb_t, once) = runs
+    assert torch.equal(codes, codes_t) and torch.equal(emb, emb_t)
+    assert per_step.by_op["cos"] == per_step.by_op["sin"] == per_step.by_op["arange"] == 15
+    assert once.by_op["cos"] == once.by_op["sin"] == once.by_op["arange"] == 0
+    assert once.total < per_step.total
+
+
 def test_graphs_are_off_on_cpu_and_refuse_to_capture_without_cuda(talker_parts):
     inputs = TalkerInputs(talker_parts.module, talker_parts.text_embedding, talker_parts.config)
     assert inputs.cp_graphs is None

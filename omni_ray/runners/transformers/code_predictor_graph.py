@@ -108,15 +108,30 @@ def _mlp(layer, h: torch.Tensor) -> torch.Tensor:
     return mlp(h)
 
 
+def rope_steps(talker, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The rotary (cos, sin) of each of ``static_codes``' steps (positions 0-1, then 2, 3, ...),
+    each computed as the step computes it. They are the same every frame: a CUDA graph takes
+    them as inputs (``CodePredictorGraphs``) instead of running ~10 small kernels a step for
+    them, 15 steps a frame. ``like``: a tensor of the dtype and device they are for."""
+    model = talker.code_predictor.model
+    groups = len(talker.code_predictor.lm_head) + 1
+    out = []
+    for start, length in [(0, 2)] + [(p, 1) for p in range(2, groups)]:
+        pos = torch.arange(start, start + length, device=like.device).unsqueeze(0)
+        out.append(model.rotary_emb(like, pos))
+    return out
+
+
 def static_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
                  kv: list[tuple[torch.Tensor, torch.Tensor]], sample: bool = False,
-                 decoder=None, layers=None, sample_width: int = CANDIDATES):
+                 decoder=None, layers=None, sample_width: int = CANDIDATES, rope=None):
     """codes [B, G] (codebook 0 = ``code0``, 1..G-1 greedy, or sampled if ``sample``) and the
     summed embedding [B, 1, D] of the G codes, from ``past_hidden`` [B, 1, D] and ``code0`` [B].
     ``kv``: per layer (keys, values) buffers [B, kv_heads, G, head_dim], overwritten.
     ``decoder``: ``decoder_layers`` or a compiled copy of it (``CompiledDecoder``); ``layers``:
     the decoder layers it runs (default transformers' own; ``fused_layers`` for fewer GEMMs);
-    ``sample_width``: sampled codes are drawn among this many candidates (``candidates``)."""
+    ``sample_width``: sampled codes are drawn among this many candidates (``candidates``);
+    ``rope``: ``rope_steps``' tables (default: computed here, step by step)."""
     cp = talker.code_predictor
     model = cp.model
     decoder = decoder or decoder_layers
@@ -124,13 +139,13 @@ def static_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
     groups = len(cp.lm_head) + 1
     e0 = talker.get_input_embeddings()(code0).unsqueeze(1)            # [B, 1, D]
     x = torch.cat([past_hidden, e0], dim=1)                           # [B, 2, D]
+    rope = rope or rope_steps(talker, x)
     embed_sum = e0
     codes = [code0]
     start = 0
     for step in range(1, groups):
         length = x.shape[1]
-        pos = torch.arange(start, start + length, device=x.device).unsqueeze(0)
-        cos, sin = model.rotary_emb(x, pos)
+        cos, sin = rope[step - 1]
         h = decoder(layers, model.norm, x, cos, sin, kv, start, step == 1)
         code = _pick(cp.lm_head[step - 1](h[:, -1]), sample, sample_width)  # [B]
         codes.append(code)
@@ -197,6 +212,9 @@ class CodePredictorGraphs:
         self.sample_width = sample_width  # a sampled code's candidates (codebook size: all)
         self.decoder = (torch.compile(decoder_layers, dynamic=True, fullgraph=True) if compile
                         else decoder_layers)
+        # the steps' rotary tables, outside every graph (the same for all buckets and frames)
+        with torch.inference_mode():
+            self.rope = rope_steps(talker, torch.empty(0, device=device, dtype=dtype))
 
     def warm_up(self, max_batch: int, sample: bool = False) -> None:
         for b in BUCKETS:
@@ -246,12 +264,12 @@ class CodePredictorGraphs:
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up (allocations, lazy inits, compiles) outside the graph
                 static_codes(self.talker, hid, c0, kv, sample, self.decoder, self.fused,
-                             self.sample_width)
+                             self.sample_width, self.rope)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             codes, embed_sum = static_codes(self.talker, hid, c0, kv, sample, self.decoder,
-                                            self.fused, self.sample_width)
+                                            self.fused, self.sample_width, self.rope)
         self._pool = graph.pool()
         entry = (graph, hid, c0, codes, embed_sum, kv)  # kv: kept alive with the graph
         self._graphs[(bucket, sample)] = entry
