@@ -3,7 +3,8 @@
 runners/transformers/code_predictor_graph.py rewrites the 15-step loop with static shapes so it can be
 captured; here (CPU, eager) it must pick the same codes and the same summed embedding as
 ``TalkerInputs.residual_codes_batch`` on transformers' module. The capture itself only runs on
-CUDA (benchmarks/gpu_run.py exercises it)."""
+CUDA (benchmarks/gpu_run.py exercises it; ``test_a_replayed_frame_equals_the_eager_frame_on_cuda``
+on a GPU)."""
 
 from __future__ import annotations
 
@@ -102,6 +103,33 @@ def test_the_steps_rotary_tables_give_the_same_frame_without_their_operators(tal
     assert per_step.by_op["cos"] == per_step.by_op["sin"] == per_step.by_op["arange"] == 15
     assert once.by_op["cos"] == once.by_op["sin"] == once.by_op["arange"] == 0
     assert once.total < per_step.total
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+@pytest.mark.parametrize("batch", [1, 4, 8])  # bucket sizes: the same GEMM shapes as eager
+@torch.inference_mode()
+def test_a_replayed_frame_equals_the_eager_frame_on_cuda(talker_parts, batch):
+    """The captured graph (fused GEMMs, the steps' rotary tables as inputs) replays the frame
+    the eager ``static_codes`` makes step by step: the same codes, the same summed embedding
+    (float32, greedy)."""
+    talker = _deeper(talker_parts.module).cuda()
+    graphs = CodePredictorGraphs(talker, "cuda", torch.float32, fuse=True)
+    cp = talker.code_predictor.model.config
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    hidden = torch.randn(batch, 1, talker.config.text_config.hidden_size, device="cuda",
+                         generator=gen)
+    code0 = torch.randint(0, 2048, (batch,), device="cuda", generator=gen)
+    codes, emb = graphs(hidden, code0)
+    graphs(hidden * 2, code0.flip(0))  # another replay in between: nothing carried over
+    again, emb_again = graphs(hidden, code0)
+    kv = [(torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim, device="cuda"),
+           torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim, device="cuda"))
+          for _ in range(cp.num_hidden_layers)]
+    ref, ref_emb = static_codes(talker, hidden, code0, kv, layers=graphs.fused)
+    assert torch.equal(codes, ref) and torch.equal(again, ref)
+    torch.testing.assert_close(emb, ref_emb, atol=1e-6, rtol=1e-6)
+    assert torch.equal(emb, emb_again)
 
 
 def test_graphs_are_off_on_cpu_and_refuse_to_capture_without_cuda(talker_parts):
