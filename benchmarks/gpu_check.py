@@ -51,6 +51,9 @@ from benchmarks.overrides import parse_variant, set_dotted
 from benchmarks.serve_proc import REPO_ROOT, ServeRun, child_env, tail
 
 BASE_CONFIG = REPO_ROOT / "serve_configs" / "qwen3_omni_1gpu.yaml"
+# omni_ray/pipeline/build.py's STAGES (pipeline order), not imported: that loads torch, and the
+# preflight must report a missing package before anything heavy is imported
+STAGES = ("thinker", "talker", "code2wav")
 TINY = dict(max_model_len=2048, max_prompt_tokens=1024, max_tokens=24, frames=50,
             kv={"cuda": (1 << 30, 512 << 20), "cpu": (128 << 20, 128 << 20)})
 # profile_steps: per stage engine in ``--torch-profile`` (a profiled CPU step costs seconds)
@@ -95,12 +98,12 @@ def app_config(model_dir: str, device: str, port: int, *, tiny: bool, dummy: boo
         args["thinker"]["engine_kwargs"].update(
             limit_mm_per_prompt={"image": 0, "video": 0, "audio": 0}, skip_tokenizer_init=True)
     if dtype:
-        for stage in ("thinker", "talker", "code2wav"):
+        for stage in STAGES:
             args[stage]["dtype"] = dtype
     if device == "cpu":
         args["max_model_len"] = min(args["max_model_len"], 2048)
         args["limits"]["max_prompt_tokens"] = min(args["limits"]["max_prompt_tokens"], 1024)
-        for stage in ("thinker", "talker", "code2wav"):
+        for stage in STAGES:
             args[stage].update(device="cpu", dtype="float32")
             args[stage]["engine_resources"] = {"num_cpus": 0, "num_gpus": 0}
     return cfg
@@ -201,9 +204,8 @@ def start_phases(sr: ServeRun) -> dict:
     """Each stage engine's start, by part, from the log (the wait for the GPU's start turn, the
     build, and the runner's own parts: vLLM's engine, kernel warm-up, graphs); a stage's second
     replica is ``<stage>#2``."""
-    order = ("thinker", "talker", "code2wav")  # pipeline order, then any other stage
-    starts = sorted(sr.engine_starts(),
-                    key=lambda e: order.index(e[0]) if e[0] in order else len(order))
+    starts = sorted(sr.engine_starts(),  # pipeline order, then any other stage
+                    key=lambda e: STAGES.index(e[0]) if e[0] in STAGES else len(STAGES))
     out: dict[str, dict] = {}
     for stage, phases in starts:
         n = sum(k.split("#")[0] == stage for k in out)
@@ -222,7 +224,7 @@ def extra_replicas(cfg: dict) -> dict[str, int]:
     num_replicas``), and how many."""
     args = cfg["applications"][0]["args"]
     want = {stage: (args.get(stage) or {}).get("deployment_config", {}).get("num_replicas", 1)
-            for stage in ("thinker", "talker", "code2wav")}
+            for stage in STAGES}
     return {stage: n for stage, n in want.items() if isinstance(n, int) and n > 1}
 
 
@@ -647,7 +649,6 @@ def torch_profile(chk: Check, url: str, shape: str, c: int) -> None:
     import httpx
 
     from benchmarks.serve_bench import bench
-    from omni_ray.pipeline.build import STAGES
 
     if chk.left_s() < 90:
         chk.line("SKIP", f"torch profile c={c}", f"{chk.left_s():.0f}s left")
@@ -807,7 +808,7 @@ def phase_batch(chk: Check) -> None:
     summary = json.loads(proc.stdout.decode().strip().splitlines()[-1])
     table = pq.read_table(str(work / "out")).drop_columns(["audio"]).to_pylist()
     busy = {s: sum({r[f"{s}_batch_s"] for r in table} - {None})  # each batch's time, once
-            for s in ("thinker", "talker", "code2wav")}
+            for s in STAGES}
     # Steady state, without the engines' start: the rows after the first file (blocks are
     # written as they finish) over the time from the first file to the last.
     files = sorted((f.stat().st_mtime, pq.read_metadata(f).num_rows)

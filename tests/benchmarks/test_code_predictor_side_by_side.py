@@ -21,7 +21,10 @@ def test_alone_and_side_by_side_levels_reach_the_json(tmp_path):
     for b in ("1", "2"):
         assert len(saved["alone"][b]["ms_per_frame"]) == 1
         assert len(saved["side_by_side"][b]["ms_per_frame"]) == 2
-        assert all(n >= 1 for n in saved["side_by_side"][b]["frames"])
+        for scenario in ("alone", "side_by_side"):  # every worker made frames and timed them
+            lv = saved[scenario][b]
+            assert all(n >= 1 for n in lv["frames"]) and all(ms > 0 for ms in lv["ms_per_frame"])
     # c=2: one process at batch 2 against two at batch 1
-    assert res["layout"][2]["one_talker_ms"] == res["alone"][2]["ms_per_frame"][0]
+    assert res["layout"][2] == dict(one_talker_ms=res["alone"][2]["ms_per_frame"][0],
+                                    split_ms=max(res["side_by_side"][1]["ms_per_frame"]))
     assert set(saved["layout"]) == {"2"}
