@@ -449,8 +449,17 @@ def profile_line(profile: dict) -> str:
         name = f"{stage} ({n} replicas, split {r['rows_by_replica']})" if n > 1 else stage
         parts.append(f"{name}: {r['steps_per_s']:.0f} steps/s x{_f(r['requests_per_step'], 1)} "
                      f"{_f(r['ms_per_step'], 1)} ms/step busy {r['share']['step']:.0%} "
-                     f"cmds {r['share']['commands']:.0%}" + (f" [{runner}]" if runner else ""))
+                     f"cmds {r['share']['commands']:.0%}" + _pushes(r)
+                     + (f" [{runner}]" if runner else ""))
     return "; ".join(parts)
+
+
+def _pushes(r: dict) -> str:
+    """`` in 6924 chunks / 453 calls``: the chunks pushed into the stage and the actor calls
+    that carried them (``pipeline.coalesce_pushes``); empty for a stage nothing pushes to."""
+    if not r.get("chunks_in"):
+        return ""
+    return f" in {r['chunks_in']} chunks / {r.get('pushes_in', 0)} calls"
 
 
 SHORT_PROMPT_TOKENS = 256  # "the others" of a long prompt: their first audio must not stall

@@ -10,6 +10,7 @@ start=$(date +%s)
 
 "$PY" -m pytest -q -p no:cacheprovider tests/benchmarks   # the pure pieces, < 5 s
 "$PY" -m benchmarks.transport_bench                       # ~1 min
+"$PY" -m benchmarks.push_fanin_bench                      # ~30 s
 "$PY" -m benchmarks.compare --num-prompts 5 --max-tokens 64 --max-audio-frames 150
 "$PY" -m benchmarks.serve_bench --start tiny-async,tiny-sync --concurrency 1,4,8 \
     --num-requests 8 --max-tokens 32 --max-audio-frames 50 --out serve_cpu

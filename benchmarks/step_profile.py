@@ -47,7 +47,7 @@ def diff(before: dict | None, after: dict | None, wall_s: float) -> dict | None:
             continue
         lt: dict[str, float] = {}
         rt: dict[str, float] = {}
-        steps = chunks = 0
+        steps = chunks = pushes = 0
         for a, b in seen:  # summed over the stage's replicas
             for k, v in _minus(a, b, "loop_time").items():
                 lt[k] = lt.get(k, 0) + v
@@ -55,6 +55,7 @@ def diff(before: dict | None, after: dict | None, wall_s: float) -> dict | None:
                 rt[k] = rt.get(k, 0) + v
             steps += a["steps"] - b.get("steps", 0)
             chunks += a.get("chunks_in", 0) - b.get("chunks_in", 0)
+            pushes += a.get("pushes_in", 0) - b.get("pushes_in", 0)
         n = len(seen)
         row = dict(steps=steps, steps_per_s=steps / wall_s, replicas=n,
                    # how the level's work split over the replicas (request-steps of each)
@@ -65,7 +66,7 @@ def diff(before: dict | None, after: dict | None, wall_s: float) -> dict | None:
                               commands=lt["commands_s"] / wall_s / n,
                               idle=max(0.0, 1 - (lt["step_s"] + lt["commands_s"]) / wall_s / n)),
                    ms_per_step=1e3 * lt["step_s"] / steps if steps else None,
-                   chunks_in=chunks)
+                   chunks_in=chunks, pushes_in=pushes)  # chunks, and the calls they came in
         per = {k: 1e3 * v / steps for k, v in rt.items() if k.endswith("_s") and steps}
         if per:
             row["runner_ms_per_step"] = per

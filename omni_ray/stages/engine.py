@@ -32,7 +32,7 @@ from omni_ray.pipeline.emit import Emit, StageRequestError
 from omni_ray.stages.gpu_start import gpu_start_turn
 from omni_ray.stages.tombstones import Tombstones
 from omni_ray.timeline import Timeline
-from omni_ray.transport.ray_push import ChunkSender, Reorderer
+from omni_ray.transport.ray_push import ChunkSender, PushBatcher, Reorderer
 
 _END = object()
 UNCLAIMED_S = 5.0  # an added request that no stream() claims in this long is aborted
@@ -86,8 +86,10 @@ class StageEngine:
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
         self._loop_died = asyncio.Event()  # set (on the actor's loop) when _dead is
-        self.counters = dict(steps=0, chunks_in=0, bytes_in=0, chunks_out=0, aborts=0, errors=0,
-                             warmups=0, unclaimed=0)
+        self.counters = dict(steps=0, pushes_in=0, chunks_in=0, bytes_in=0, chunks_out=0,
+                             chunks_down=0, aborts=0, errors=0, warmups=0, unclaimed=0)
+        # the chunks this engine's senders push, one call per receiver and turn of the loop
+        self._batcher = PushBatcher() if pipeline.coalesce_pushes else None
         # Where the loop thread's time goes (seconds; benchmarks diff them around a load level):
         # applying commands and chunks, stepping (the rest it waits); rows = requests stepped.
         self.loop_time = dict(commands_s=0.0, step_s=0.0, rows=0)
@@ -146,7 +148,7 @@ class StageEngine:
             sender = ChunkSender(later or downstream, self.pipeline.max_chunks_in_flight,
                                  on_ack=self.metrics.on_chunk_acked,
                                  on_error=lambda e: self._on_push_error(rid, e),
-                                 attach_timeout_s=UNCLAIMED_S)
+                                 attach_timeout_s=UNCLAIMED_S, batcher=self._batcher)
         return _ReqState(rid, asyncio.Queue(), sender, downstream_later=later)
 
     async def attach(self, request_id: str, downstream) -> bool:
@@ -260,6 +262,10 @@ class StageEngine:
             loop_time=dict(self.loop_time),
             runner_time=dict(getattr(self.logic.runner, "time_spent", None) or {}),
             senders_in_flight=sum(s.sender.in_flight for s in self._reqs.values() if s.sender),
+            # the pushes out: calls made, chunks they carried, calls not yet answered
+            push_calls_out=self._batcher.calls if self._batcher else self.counters["chunks_down"],
+            push_chunks_out=self.counters["chunks_down"],
+            push_calls_in_flight=self._batcher.in_flight if self._batcher else 0,
             held_chunks=sum(s.reorder.held for s in self._reqs.values()),
             start_phases=dict(self.start_phases),
             **self.counters,
@@ -320,6 +326,16 @@ class StageEngine:
     # -- data plane (called by the upstream engine) ------------------------------------------
     async def push(self, buf) -> bool:
         """Accept one encoded chunk; False if the request is unknown here (finished/aborted)."""
+        self.counters["pushes_in"] += 1
+        return self._accept(buf)
+
+    async def push_many(self, bufs: list) -> list[bool]:
+        """``push`` for several chunks in one call (the upstream's ``PushBatcher``: what its
+        step sent here), in order; one answer per chunk."""
+        self.counters["pushes_in"] += 1
+        return [self._accept(buf) for buf in bufs]
+
+    def _accept(self, buf) -> bool:
         chunk = decode_chunk(buf)
         self.counters["chunks_in"] += 1
         self.counters["bytes_in"] += int(getattr(buf, "nbytes", len(buf)))
@@ -418,6 +434,7 @@ class StageEngine:
                 continue
             if e.target == "down":
                 self.timeline.mark(e.request_id, "first_down")
+                self.counters["chunks_down"] += 1
                 st.sender.send(e.item)
                 if e.final:
                     st.sender.close()

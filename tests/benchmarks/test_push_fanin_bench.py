@@ -1,0 +1,30 @@
+"""The fan-in benchmark (benchmarks/push_fanin_bench.py) on real Ray actors, small: every chunk
+reaches the receiver in both scenarios, one call each without the batcher, one call a sender
+step with it. Its rates are measured, not asserted (a separate Ray cluster, in a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_both_scenarios_deliver_every_chunk_and_count_their_calls(tmp_path):
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "benchmarks.push_fanin_bench", "--streams", "4",
+                    "--steps", "10", "--step-ms", "20", "--out-dir", str(tmp_path)],
+                   cwd=ROOT, env=env, check=True, timeout=300, capture_output=True)
+    rows = json.loads((tmp_path / "push_fanin_cpu.json").read_text())["scenarios"]
+    one, many = rows["one_call_a_chunk"], rows["coalesced"]
+    assert one["chunks"] == many["chunks"] == 40
+    assert one["calls"] == 40
+    assert many["calls"] == 10 and many["chunks_per_call"] == 4  # a step's 4 chunks, one call
+    for r in (one, many):
+        assert r["offered_chunks_per_s"] == 200 and r["chunks_per_s"] > 0 and r["work_rate"] > 0

@@ -1,0 +1,41 @@
+"""Concurrent requests through the Serve app (async_chunk): the thinker's chunks reach the
+talker in fewer actor calls than chunks (``pipeline.coalesce_pushes``: one call per receiving
+engine and turn of the sender's loop), and every answer still equals the offline pipeline's."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+
+import numpy as np
+import pytest
+from chat_helpers import ask, offline_answer
+
+from benchmarks import step_profile
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Hello there, how are you?", "Name three colours.", "Count to five.",
+           "What is the weather like?", "Tell me a joke.", "Say goodbye."]
+TOKENS = 32
+
+
+def test_concurrent_chunks_share_calls_and_answers_equal_offline(serve_urls, offline):
+    url = serve_urls["async_chunk"]
+    before = step_profile.fetch(url)
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        got = list(pool.map(lambda p: ask(url, text=p, stream=True, max_tokens=TOKENS),
+                            PROMPTS))
+    prof = step_profile.diff(before, step_profile.fetch(url), time.perf_counter() - t0)
+    talker = prof["talker"]
+    # every chunk arrived, in fewer calls: the requests' chunks of a thinker step travel together
+    assert 0 < talker["pushes_in"] < talker["chunks_in"], talker
+    assert 0 < prof["code2wav"]["pushes_in"] <= prof["code2wav"]["chunks_in"], prof["code2wav"]
+    for prompt, (text, pcm, finish, _) in zip(PROMPTS, got):
+        ref_text, ref_pcm = offline_answer(offline["async_chunk"], text=prompt,
+                                           max_tokens=TOKENS)
+        assert text == ref_text, prompt
+        assert pcm is not None and pcm.shape == ref_pcm.shape, prompt
+        assert np.abs(pcm.astype(int) - ref_pcm.astype(int)).max() <= 1, prompt
+        assert finish in ("stop", "length")
