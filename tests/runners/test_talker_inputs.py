@@ -67,3 +67,26 @@ def test_trailing_batch_equals_the_rows_one_by_one(inputs, make):
         got, want = inputs.trailing_batch(seqs), one_by_one(inputs, seqs)
     assert got.shape == want.shape == (len(seqs), 1, inputs.tts_pad.shape[-1])
     assert torch.equal(got, want)
+
+
+def test_warm_up_reports_where_the_graphs_time_went(inputs, monkeypatch, caplog):
+    """The start phases get the code predictor's runs and captures, and the log says how the
+    compile cache did (the CUDA graphs themselves: test_code_predictor_graph.py on CUDA)."""
+    import logging
+
+    assert inputs.warm_up(4) == {}  # CPU: no graphs, nothing to report
+
+    class Graphs:  # CodePredictorGraphs' warm-up interface, without CUDA
+        timing = dict(runs_s=0.0, captures_s=0.0, graphs=0)
+
+        def warm_up(self, max_batch, sample):
+            self.timing = dict(runs_s=self.timing["runs_s"] + 1.5,
+                               captures_s=self.timing["captures_s"] + 0.25,
+                               graphs=self.timing["graphs"] + 3)
+
+    monkeypatch.setattr(inputs, "cp_graphs", Graphs())
+    with caplog.at_level(logging.INFO, logger="omni_ray"):
+        parts = inputs.warm_up(4)
+    assert parts == dict(code_predictor_runs_s=3.0, code_predictor_captures_s=0.5)
+    assert "code predictor graphs: 6 captured; runs before them 3.0 s" in caplog.text
+    assert "inductor cache unused" in caplog.text

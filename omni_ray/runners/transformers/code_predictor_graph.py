@@ -17,6 +17,8 @@ generator, so seeded sampling stays reproducible.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -215,6 +217,9 @@ class CodePredictorGraphs:
         # the steps' rotary tables, outside every graph (the same for all buckets and frames)
         with torch.inference_mode():
             self.rope = rope_steps(talker, torch.empty(0, device=device, dtype=dtype))
+        # where the captures' time went (start_phases): the runs before each capture (the
+        # decoder's compile happens in the first ones), and the captures themselves
+        self.timing = dict(runs_s=0.0, captures_s=0.0, graphs=0)
 
     def warm_up(self, max_batch: int, sample: bool = False) -> None:
         for b in BUCKETS:
@@ -261,16 +266,22 @@ class CodePredictorGraphs:
               for _ in range(self.layers)]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
+        t0 = time.perf_counter()
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up (allocations, lazy inits, compiles) outside the graph
                 static_codes(self.talker, hid, c0, kv, sample, self.decoder, self.fused,
                              self.sample_width, self.rope)
+        stream.synchronize()  # at start only: the runs' GPU time counted with them
+        t1 = time.perf_counter()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             codes, embed_sum = static_codes(self.talker, hid, c0, kv, sample, self.decoder,
                                             self.fused, self.sample_width, self.rope)
         self._pool = graph.pool()
+        self.timing["runs_s"] += t1 - t0
+        self.timing["captures_s"] += time.perf_counter() - t1
+        self.timing["graphs"] += 1
         entry = (graph, hid, c0, codes, embed_sum, kv)  # kv: kept alive with the graph
         self._graphs[(bucket, sample)] = entry
         return entry

@@ -50,7 +50,8 @@ class TalkerRunner(TalkerRequests):
         """The code predictor's CUDA graphs, captured now (``make_runner`` calls this; the Serve
         engine after its GPU start turn: stages/gpu_start.py)."""
         with self.start_phases.timed("code_predictor_warmup_s"):
-            self.inputs.warm_up(self.max_num_seqs)
+            parts = self.inputs.warm_up(self.max_num_seqs)
+        self.start_phases.update(parts)  # of code_predictor_warmup: runs, captures
 
     @classmethod
     def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,

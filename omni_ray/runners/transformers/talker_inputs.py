@@ -18,6 +18,7 @@ both build their inputs here, from the same transformers modules, so they see th
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -197,13 +198,29 @@ class TalkerInputs:
             return all(torch.equal(t[b:b + 1], a) for b in range(batch)
                        for t, a in zip(together, run(slice(b, b + 1))))
 
-    def warm_up(self, max_batch: int) -> None:
+    def warm_up(self, max_batch: int) -> dict:
         """Capture the code predictor's CUDA graphs (greedy and sampled) for batches up to
-        ``max_batch`` now, not under the first requests."""
-        if self.cp_graphs is not None:
-            with torch.inference_mode():
-                for sample in (False, True):
-                    self.cp_graphs.warm_up(max_batch, sample)
+        ``max_batch`` now, not under the first requests. Returns where the time went, for the
+        runner's start phases (seconds; empty without graphs), and logs it with the compile
+        cache's hits and misses: a second start on one machine should hit."""
+        if self.cp_graphs is None:
+            return {}
+        from torch._dynamo.utils import counters
+
+        before = dict(counters["inductor"])
+        with torch.inference_mode():
+            for sample in (False, True):
+                self.cp_graphs.warm_up(max_batch, sample)
+        t = self.cp_graphs.timing
+        cache = {k: v - before.get(k, 0) for k, v in counters["inductor"].items()
+                 if k.startswith("fxgraph_cache")}
+        logging.getLogger("omni_ray").info(
+            "code predictor graphs: %d captured; runs before them %.1f s (the decoder's "
+            "compile is in the first), captures %.1f s; inductor cache %s (dir %s)",
+            t["graphs"], t["runs_s"], t["captures_s"], cache or "unused",
+            os.environ.get("TORCHINDUCTOR_CACHE_DIR", "default"))
+        return dict(code_predictor_runs_s=round(t["runs_s"], 2),
+                    code_predictor_captures_s=round(t["captures_s"], 2))
 
     def new_seq(self, request_id: str, speaker: str, params: SamplingParams,
                 max_frames: int, generator) -> TalkerSeq:

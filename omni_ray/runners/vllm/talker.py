@@ -182,7 +182,8 @@ class VllmTalkerRunner(TalkerRequests):
         the Serve engine after its GPU start turn, so another engine starts meanwhile: they only
         add to this process's memory, vLLM's engine is built: stages/gpu_start.py)."""
         with self.start_phases.timed("code_predictor_warmup_s"):
-            self.inputs.warm_up(self.max_num_seqs)
+            parts = self.inputs.warm_up(self.max_num_seqs)
+        self.start_phases.update(parts)  # of code_predictor_warmup: runs, captures
 
     # -- request lifecycle -------------------------------------------------------------------
     def abort(self, request_id: str) -> bool:
