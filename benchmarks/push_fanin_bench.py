@@ -7,7 +7,9 @@ asyncio task), under the GIL that thread needs. This measures that on real Ray a
 real ``ChunkSender`` / ``PushBatcher`` (transport/ray_push.py):
 
 * a receiver actor with ``push`` / ``push_many`` as the engine's (``decode_chunk``, a command
-  queue), and a thread doing fixed pure-Python work in a loop, the stand-in of the step thread;
+  queue), and a thread doing fixed work in a loop, the stand-in of the step thread: pure
+  Python (``--step-work python``, the worst case) or Python between small torch operators,
+  which let the GIL go (``torch``, closer to a step's host code);
 * a sender actor with one ``ChunkSender`` a stream that, every ``--step-ms``, sends each stream
   one chunk of a few tokens (an engine's step, each request's new text), with and without the
   batcher (``pipeline.coalesce_pushes``).
@@ -19,6 +21,7 @@ per chunk on both sides (the receiver's beyond its busy thread's); the busy thre
 against the receiver idle (1.0: no slowdown).
 
     python -m benchmarks.push_fanin_bench   # -> results/push_fanin_cpu.json, ~30 s
+    python -m benchmarks.push_fanin_bench --step-work torch --out push_fanin_torch_cpu
 """
 
 from __future__ import annotations
@@ -37,16 +40,24 @@ from benchmarks.machine import RESULTS_DIR, machine_info, write_json
 class Receiver:
     """The engine's data plane (``push``, ``push_many``) beside a busy step thread."""
 
-    def __init__(self):
+    def __init__(self, step_work: str = "python"):
         self.calls = self.chunks = 0
         self.cmds: queue.SimpleQueue = queue.SimpleQueue()
         self.work = 0
         self._stop = threading.Event()
-        threading.Thread(target=self._spin, daemon=True).start()
+        threading.Thread(target=self._spin, args=(step_work,), daemon=True).start()
 
-    def _spin(self) -> None:
+    def _spin(self, step_work: str) -> None:
+        import torch
+
+        x = torch.zeros(64)
         while not self._stop.is_set():
-            sum(i * i for i in range(500))  # pure Python: holds the GIL while it runs
+            if step_work == "python":
+                sum(i * i for i in range(500))  # pure Python: holds the GIL while it runs
+            else:  # a step's mix: Python between torch operators (each lets the GIL go)
+                for _ in range(20):
+                    sum(i * i for i in range(25))
+                    x = x + 1
             self.work += 1
             while True:  # the engine applies the chunks between its steps
                 try:
@@ -103,6 +114,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=100, help="sender steps a scenario")
     ap.add_argument("--step-ms", type=float, default=20.0,
                     help="time between the sender's steps (pipeline.text_chunk_ms: 20)")
+    ap.add_argument("--step-work", choices=("python", "torch"), default="python",
+                    help="the receiver's busy thread: pure Python (never lets the GIL go but "
+                         "at the switch interval), or Python between small torch operators "
+                         "(which release it), as a step's host code does")
     ap.add_argument("--out", default="push_fanin_cpu")
     ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     a = ap.parse_args(argv)
@@ -110,7 +125,7 @@ def main(argv=None) -> int:
     import ray
 
     ray.init(address="local", include_dashboard=False, log_to_driver=False)
-    receiver = ray.remote(num_cpus=0, max_concurrency=1000)(Receiver).remote()
+    receiver = ray.remote(num_cpus=0, max_concurrency=1000)(Receiver).remote(a.step_work)
     sender = ray.remote(num_cpus=0, max_concurrency=10)(Sender).remote()
     ray.get(sender.run.remote(receiver, 4, 10, 1.0, False))  # both started and warm
 
@@ -139,7 +154,8 @@ def main(argv=None) -> int:
               f"{rows[name]['sender_cpu_us_per_chunk']:.0f} us/chunk, step thread at "
               f"{rows[name]['work_rate']:.2f} of idle")
     ray.shutdown()
-    path = write_json(f"{a.out}.json", dict(machine=machine_info(), streams=a.streams, steps=a.steps,
+    path = write_json(f"{a.out}.json", dict(machine=machine_info(), step_work=a.step_work,
+                                            streams=a.streams, steps=a.steps,
                                   step_ms=a.step_ms, scenarios=rows), a.out_dir)
     print(f"-> {path}")
     return 0

@@ -182,9 +182,15 @@ class PushBatcher:
             bufs, futs = [b for b, _ in items], [f for _, f in items]
             self.calls += 1
             self.chunks += len(bufs)
-            ref = receiver.push.remote(bufs[0]) if len(bufs) == 1 else \
-                receiver.push_many.remote(bufs)
-            call = asyncio.ensure_future(ref)
+            try:
+                ref = receiver.push.remote(bufs[0]) if len(bufs) == 1 else \
+                    receiver.push_many.remote(bufs)
+                call = asyncio.ensure_future(ref)
+            except Exception as e:  # noqa: BLE001 - e.g. a receiver without push_many
+                for fut in futs:  # its senders fail now, they must not wait for an answer
+                    if not fut.done():
+                        fut.set_exception(e)
+                continue
             self._calls.add(call)
             call.add_done_callback(self._calls.discard)
             call.add_done_callback(partial(_answer, futs, len(bufs) == 1))

@@ -16,12 +16,16 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_both_scenarios_deliver_every_chunk_and_count_their_calls(tmp_path):
+@pytest.mark.parametrize("step_work", ["python", "torch"])
+def test_both_scenarios_deliver_every_chunk_and_count_their_calls(tmp_path, step_work):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-m", "benchmarks.push_fanin_bench", "--streams", "4",
-                    "--steps", "10", "--step-ms", "20", "--out-dir", str(tmp_path)],
+                    "--steps", "10", "--step-ms", "20", "--step-work", step_work,
+                    "--out-dir", str(tmp_path)],
                    cwd=ROOT, env=env, check=True, timeout=300, capture_output=True)
-    rows = json.loads((tmp_path / "push_fanin_cpu.json").read_text())["scenarios"]
+    saved = json.loads((tmp_path / "push_fanin_cpu.json").read_text())
+    assert saved["step_work"] == step_work
+    rows = saved["scenarios"]
     one, many = rows["one_call_a_chunk"], rows["coalesced"]
     assert one["chunks"] == many["chunks"] == 40
     assert one["calls"] == 40

@@ -119,6 +119,28 @@ def test_a_failed_call_fails_every_sender_in_it_once():
     assert batcher.in_flight == 0
 
 
+def test_a_call_that_cannot_be_made_fails_its_senders_instead_of_leaving_them_waiting():
+    """A receiver without ``push_many`` (not a stage engine): the call raises as it is made,
+    inside the loop's callback; every sender in it fails, none hangs."""
+    class OnlyPush(Receiver):
+        def __init__(self):
+            super().__init__()
+            del self.push_many
+
+    async def run():
+        r = OnlyPush()
+        batcher = PushBatcher()
+        senders = {rid: ChunkSender(r, batcher=batcher) for rid in ("a", "b")}
+        _send_all(senders, 1)
+        for s in senders.values():
+            with pytest.raises(AttributeError):
+                await asyncio.wait_for(s.wait(), 5)
+        return senders
+
+    senders = asyncio.run(run())
+    assert all(s.done and isinstance(s.error, AttributeError) for s in senders.values())
+
+
 def test_a_cancelled_sender_leaves_the_others_of_its_call_answered():
     async def run():
         r = Receiver()
