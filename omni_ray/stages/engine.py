@@ -88,8 +88,9 @@ class StageEngine:
         self._loop_died = asyncio.Event()  # set (on the actor's loop) when _dead is
         self.counters = dict(steps=0, pushes_in=0, chunks_in=0, bytes_in=0, chunks_out=0,
                              chunks_down=0, aborts=0, errors=0, warmups=0, unclaimed=0)
-        # the chunks this engine's senders push, one call per receiver and turn of the loop
-        self._batcher = PushBatcher() if pipeline.coalesce_pushes else None
+        # with pipeline.coalesce_pushes, the chunks this engine's senders push: one call per
+        # receiving engine and turn of the loop
+        self._batcher = PushBatcher()
         # Where the loop thread's time goes (seconds; benchmarks diff them around a load level):
         # applying commands and chunks, stepping (the rest it waits); rows = requests stepped.
         self.loop_time = dict(commands_s=0.0, step_s=0.0, rows=0)
@@ -148,7 +149,8 @@ class StageEngine:
             sender = ChunkSender(later or downstream, self.pipeline.max_chunks_in_flight,
                                  on_ack=self.metrics.on_chunk_acked,
                                  on_error=lambda e: self._on_push_error(rid, e),
-                                 attach_timeout_s=UNCLAIMED_S, batcher=self._batcher)
+                                 attach_timeout_s=UNCLAIMED_S,
+                                 batcher=self._batcher if self.pipeline.coalesce_pushes else None)
         return _ReqState(rid, asyncio.Queue(), sender, downstream_later=later)
 
     async def attach(self, request_id: str, downstream) -> bool:
@@ -263,9 +265,10 @@ class StageEngine:
             runner_time=dict(getattr(self.logic.runner, "time_spent", None) or {}),
             senders_in_flight=sum(s.sender.in_flight for s in self._reqs.values() if s.sender),
             # the pushes out: calls made, chunks they carried, calls not yet answered
-            push_calls_out=self._batcher.calls if self._batcher else self.counters["chunks_down"],
+            push_calls_out=(self._batcher.calls if self.pipeline.coalesce_pushes
+                            else self.counters["chunks_down"]),
             push_chunks_out=self.counters["chunks_down"],
-            push_calls_in_flight=self._batcher.in_flight if self._batcher else 0,
+            push_calls_in_flight=self._batcher.in_flight,
             held_chunks=sum(s.reorder.held for s in self._reqs.values()),
             start_phases=dict(self.start_phases),
             **self.counters,
