@@ -85,6 +85,8 @@ def app_config(model_dir: str, device: str, port: int, *, tiny: bool, dummy: boo
         args["limits"]["max_prompt_tokens"] = TINY["max_prompt_tokens"]
     for i, stage in enumerate(("thinker", "talker")):
         ek = args[stage].setdefault("engine_kwargs", {})
+        if device != "cpu":  # every kernel JIT in traffic logged, not the first only (jit_lines)
+            ek.setdefault("jit_monitor_verbose", True)
         if tiny:
             args[stage].pop("default_sampling", None)  # greedy, as OmniRequest's defaults
             ek["kv_cache_memory_bytes"] = TINY["kv"][device][i]
@@ -374,7 +376,7 @@ def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_p
             chk.line("PASS" if ok else "FAIL", f"standin {name} well-formed", numbers)
         if not has_proc:
             chk.line("SKIP", "standin speech-in well-formed", "no processor files")
-        base = chk.serve_levels = serve_bench(chk, url, shape, st, cfg)
+        base = chk.serve_levels = serve_bench(chk, url, shape, st, cfg, log=sr.log)
         if a.torch_profile:
             torch_profile(chk, url, shape, a.torch_profile)
         if a.rates:
@@ -558,7 +560,7 @@ def standin_variant(chk: Check, base_cfg: dict, name: str, overrides: dict,
                      f"healthy {st['healthy_s']}s{every_engine(st)} "
                      f"({overrides}{', MPS' if mps else ''})")
             levels = serve_bench(chk, url, chk.data["phases"]["standin"]["shape"], st, cfg,
-                                 tag=name)
+                                 tag=name, log=sr.log)
     chk.data["phases"]["standin_ab"][name]["levels"] = levels
     by_c = {lv["concurrency"]: lv for lv in base}
     for lv in levels:
@@ -570,10 +572,34 @@ def standin_variant(chk: Check, base_cfg: dict, name: str, overrides: dict,
                                                           "realtime_frac", "audio_s_per_s")))
 
 
-def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str = ""
-                ) -> list[dict]:
+JIT_LINE = "JIT compilation during inference: "  # vLLM's kernel JIT monitor (a latency spike)
+
+
+def jit_lines(log: Path | None, since: int) -> dict[str, int]:
+    """{kernel: count} of the JIT compilations vLLM's monitor logged in the serve log after byte
+    ``since`` (the app's configs log every one: ``jit_monitor_verbose``)."""
+    if log is None or not log.exists():
+        return {}
+    with open(log, "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if JIT_LINE in line:
+            name = line.split(JIT_LINE, 1)[1].split(".", 1)[0].split(" (", 1)[0].strip()
+            out[name] = out.get(name, 0) + 1
+    return out
+
+
+def _log_size(log: Path | None) -> int:
+    return log.stat().st_size if log is not None and log.exists() else 0
+
+
+def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str = "",
+                log: Path | None = None) -> list[dict]:
     """The Serve benchmark at every concurrency level -> ``gpu_serve.json`` (a ``tag``ged A/B
-    variant: ``gpu_serve_<tag>.json``, its lines named with the tag); the levels run."""
+    variant: ``gpu_serve_<tag>.json``, its lines named with the tag); the levels run.
+    ``log``: the app's serve log, for the kernel JITs each level met (``kernel_jits``)."""
     from benchmarks.serve_bench import bench
 
     a, b = chk.args, BENCH[chk.args.device]
@@ -589,8 +615,10 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
         if chk.left_s() < 30:
             chk.line("SKIP", f"serve bench{sfx} c={c}", f"{chk.left_s():.0f}s left")
             continue
+        mark = _log_size(log)
         run = bench(url, f"standin-{shape}", concurrency=str(c), num_requests=a.num_requests,
                     max_tokens=b["max_tokens"], max_audio_frames=b["frames"], warmup=1)[0]
+        jits = jit_lines(log, mark)
         s, m = run["summary"], run["summary"]["metrics"]
         lv = dict(concurrency=c, ttft_p50_s=m["ttft"]["p50"], ttfa_p50_s=m["ttfa"]["p50"],
                   ttfa_p99_s=m["ttfa"]["p99"], rtf_p50=m["rtf"]["p50"], rtf_p99=m["rtf"]["p99"],
@@ -602,6 +630,10 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
                   audio_seconds_mean=m["audio_seconds"]["mean"], wall_s=s["wall_s"],
                   stall_where=s.get("stall_where"))
         lv["step_profile"] = run.get("step_profile")
+        lv["kernel_jits"] = jits
+        if jits:  # each a stall of the stage that met a new shape (runners/vllm/kernel_warmup.py)
+            chk.line("INFO", f"kernel JITs in traffic{sfx} c={c}", ", ".join(
+                f"{k} x{n}" for k, n in sorted(jits.items())))
         t_first = min(r["start"] for r in run["requests"])
         lv["requests"] = sorted(  # which requests were slow: start offset, client TTFA, RTF,
             (dict(t0_s=round(r["start"] - t_first, 3), ttfa_s=r["ttfa"], rtf=r["rtf"],

@@ -105,6 +105,25 @@ def test_cuda_config_keeps_the_yaml_gpu_values():
     assert args["thinker"]["engine_resources"]["num_gpus"] > 0
     assert "enforce_eager" not in args["talker"]["engine_kwargs"]  # compiled on GPU
     assert args["thinker"]["engine_kwargs"]["limit_mm_per_prompt"]["audio"] == 0
+    for stage in ("thinker", "talker"):  # every kernel JIT in traffic in the serve log
+        assert args[stage]["engine_kwargs"]["jit_monitor_verbose"] is True
+    cpu = gpu_check.app_config("/tmp/none", "cpu", 1234, tiny=True, dummy=False, processor=False)
+    assert "jit_monitor_verbose" not in cpu["applications"][0]["args"]["talker"]["engine_kwargs"]
+
+
+def test_the_kernel_jits_of_a_level_are_counted_from_the_serve_log(tmp_path):
+    log = tmp_path / "serve.log"
+    jit = ("(StageEngine pid=1) WARNING 12-05 17:41:45 [jit_monitor.py:135] Triton kernel JIT "
+           "compilation during inference: {}. This causes a latency spike; consider extending "
+           "warmup to cover this shape/config.\n")
+    log.write_text(jit.format("fused_moe_kernel") + "INFO something else\n")
+    mark = gpu_check._log_size(log)
+    with open(log, "a") as f:  # what the level logged
+        f.write(jit.format("fused_moe_kernel") + jit.format("fused_moe_kernel (BLOCK_M=64)")
+                + jit.format("_topk_kernel") + "INFO a step\n")
+    assert gpu_check.jit_lines(log, mark) == {"fused_moe_kernel": 2, "_topk_kernel": 1}
+    assert gpu_check.jit_lines(log, 0)["fused_moe_kernel"] == 3
+    assert gpu_check.jit_lines(None, 0) == {} and gpu_check.jit_lines(tmp_path / "no", 0) == {}
 
 
 # -- end to end on CPU ---------------------------------------------------------------------------
