@@ -73,7 +73,8 @@ class PipelineConfig(BaseModel):
         True, description="Serve app: an engine sends the chunks its requests push to the next "
                           "stage in one call per receiving engine and turn of its event loop "
                           "(false: one call per chunk). At 32 streams the thinker pushed ~550 "
-                          "chunks a second into the talker, at ~0.5 ms of CPU each side a call")
+                          "chunks a second into the talker; each call runs Python under the GIL "
+                          "the receiver's step thread needs (benchmarks/push_fanin_bench.py)")
     max_chunks_in_flight: int = Field(8, ge=1, le=1024,
                                       description="per request and edge, before the sender waits")
 

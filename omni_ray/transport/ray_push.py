@@ -10,8 +10,8 @@ buffer: inlined in the call when small, a zero-copy object-store read when large
   (nothing dropped silently, nothing applied twice);
 * ``PushBatcher`` (shared by an engine's senders) sends the chunks pushed in one turn of the
   event loop to the same receiver in one call: an engine's step wakes every request's sender at
-  once, and one actor call costs each side ~0.5 ms of CPU (benchmarks/transport_bench.py
-  ``--coalesce``), much of it holding the GIL the receiver's step thread needs.
+  once, and one actor call costs each side a few hundred us of CPU, much of it holding the GIL
+  the receiver's step thread needs (benchmarks/push_fanin_bench.py).
 """
 
 from __future__ import annotations
