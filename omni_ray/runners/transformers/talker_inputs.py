@@ -213,7 +213,7 @@ class TalkerInputs:
                 self.cp_graphs.warm_up(max_batch, sample)
         t = self.cp_graphs.timing
         cache = {k: v - before.get(k, 0) for k, v in counters["inductor"].items()
-                 if k.startswith("fxgraph_cache")}
+                 if k.startswith("fxgraph_cache") and v != before.get(k, 0)}  # this warm-up's
         logging.getLogger("omni_ray").info(
             "code predictor graphs: %d captured; runs before them %.1f s (the decoder's "
             "compile is in the first), captures %.1f s; inductor cache %s (dir %s)",
