@@ -29,6 +29,8 @@ def test_both_scenarios_deliver_every_chunk_and_count_their_calls(tmp_path, step
     one, many = rows["one_call_a_chunk"], rows["coalesced"]
     assert one["chunks"] == many["chunks"] == 40
     assert one["calls"] == 40
-    assert many["calls"] == 10 and many["chunks_per_call"] == 4  # a step's 4 chunks, one call
+    # a step's 4 chunks in one call (10 calls); a sender held back by its 8 unanswered pushes
+    # on a loaded machine joins a later turn, so a few more calls may come, never one a chunk
+    assert 10 <= many["calls"] <= 20 and many["chunks_per_call"] >= 2
     for r in (one, many):
         assert r["offered_chunks_per_s"] == 200 and r["chunks_per_s"] > 0 and r["work_rate"] > 0
