@@ -654,6 +654,14 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
                 f"{k} {v['p50'] * 1e3:.1f}" for k, v in ib.items()))
         if lv["step_profile"]:
             chk.line("INFO", f"step profile{sfx} c={c}", profile_line(lv["step_profile"]))
+        tr = lv["step_trace"] = run.get("step_trace")
+        if tr:  # the slow steps a mean hides, and the steps that released first chunks
+            from benchmarks import step_trace
+
+            chk.line("INFO", f"slowest steps{sfx} c={c}", step_trace.slow_line(tr))
+            if tr.get("talker_releases"):
+                chk.line("INFO", f"talker first chunks by step{sfx} c={c}",
+                         step_trace.releases_line(tr))
         if lv["stall_where"]:  # which chunk came late: requests waiting there, mean wait
             chk.line("INFO", f"stalls by audio played{sfx} c={c}", ", ".join(
                 f"{k} {_f(v['requests_frac'], 2)} ({v['mean_wait_s'] * 1e3:.0f} ms)"

@@ -107,7 +107,7 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
     """Every load level of ``args`` against ``url``; returns one result dict per level."""
     from tqdm import tqdm
 
-    from benchmarks import step_profile
+    from benchmarks import step_profile, step_trace
 
     levels = ([("rate", r) for r in _floats(args.request_rate)] if args.request_rate
               else [("concurrency", c) for c in _ints(args.concurrency)])
@@ -135,6 +135,7 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
                            args.seed)
             stats_before = await asyncio.to_thread(step_profile.fetch, url,
                                                      samples=step_profile.SAMPLES)
+            t_level = time.time()  # the engines' step records from here (wall clock)
             with tqdm(total=len(batch), desc=f"{label} {kind}={value}", leave=True) as pbar:
                 if kind == "rate":
                     recs, wall = await open_loop(client, url, batch, value, args.seed, pbar)
@@ -142,11 +143,16 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
                     recs, wall = await closed_loop(client, url, batch, value, pbar)
             summary = summarize(recs, wall)
             print(summary_line(label, kind, value, summary), flush=True)
+            ttfa = await ttfa_breakdown(url, [r.request_id for r in recs])
+            marks = ttfa.pop("ttfa_marks")
+            t_ref = min((m["ingress"]["received"] for m in marks
+                         if "received" in m.get("ingress", {})), default=t_level)
+            trace = await asyncio.to_thread(step_trace.fetch, url, t_level)
             results.append(dict(label=label, load=kind, value=value, summary=asdict(summary),
                                 stall_p99_s=summary.metrics["stall_s"]["p99"],
                                 realtime_frac=summary.realtime_frac,
-                                requests=[r.summary() for r in recs],
-                                **await ttfa_breakdown(url, [r.request_id for r in recs]),
+                                requests=[r.summary() for r in recs], **ttfa,
+                                step_trace=step_trace.summarize(trace, marks, t_ref),
                                 step_profile=step_profile.diff(
                                     stats_before,
                                     await asyncio.to_thread(step_profile.fetch, url,
@@ -159,7 +165,8 @@ async def ttfa_breakdown(url: str, request_ids: list[str | None]) -> dict:
     """The app's milestones of the level's requests, by id, split into stages and hops:
     ``ttfa_breakdown`` (stats per segment), ``ttfa_requests`` (each request's segments),
     ``ttfa_requests_missing``, ``ttfa_ingress_breakdown`` (the first segment split); None
-    when /debug is off. Each ingress replica keeps its own requests (the one-GPU yaml runs two)
+    when /debug is off; and ``ttfa_marks``, the milestones themselves (for
+    benchmarks/step_trace.py, not for the results file). Each ingress replica keeps its own requests (the one-GPU yaml runs two)
     and Serve routes each fetch to one of them, so the fetches are repeated (up to 20) until
     every id has turned up."""
     from benchmarks import timeline
@@ -170,7 +177,7 @@ async def ttfa_breakdown(url: str, request_ids: list[str | None]) -> dict:
         reqs = await asyncio.to_thread(timeline.fetch, url, min(1024, max(64, 4 * len(want))))
         if reqs is None:
             return dict(ttfa_breakdown=None, ttfa_requests=None, ttfa_requests_missing=None,
-                        ttfa_ingress_breakdown=None)
+                        ttfa_ingress_breakdown=None, ttfa_marks=[])
         found.update((r["request_id"], r) for r in reqs if r["request_id"] in want)
         if len(found) >= len(want):
             break
@@ -179,7 +186,7 @@ async def ttfa_breakdown(url: str, request_ids: list[str | None]) -> dict:
     return dict(ttfa_breakdown=timeline.breakdown(got), ttfa_requests=timeline.per_request(got),
                 ttfa_requests_missing=len(want) - len(got),
                 ttfa_ingress_breakdown=timeline.breakdown(
-                    got, [*timeline.INGRESS_PARTS, timeline.INGRESS_AFTER]))
+                    got, [*timeline.INGRESS_PARTS, timeline.INGRESS_AFTER]), ttfa_marks=got)
 
 
 def requests_per_level(args, concurrency: int) -> int:

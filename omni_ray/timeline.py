@@ -30,11 +30,12 @@ class Timeline:
         while len(self._live) > self.keep:
             del self._live[next(iter(self._live))]
 
-    def mark(self, request_id: str, name: str) -> None:
-        """The first ``name`` of a request begun here (later ones, and unknown ids, ignored)."""
+    def mark(self, request_id: str, name: str, t: float | None = None) -> None:
+        """The first ``name`` of a request begun here (later ones, and unknown ids, ignored), at
+        ``t`` (default now)."""
         marks = self._live.get(request_id)
         if marks is not None and name not in marks:
-            marks[name] = time.time()
+            marks[name] = time.time() if t is None else t
 
     def finish(self, request_id: str) -> None:
         marks = self._live.pop(request_id, None)

@@ -3,8 +3,8 @@
 Routes: ``POST /v1/chat/completions`` (text and/or audio out, streaming or not),
 ``WS /v1/realtime`` (OpenAI's Realtime protocol), ``POST /v1/audio/transcriptions``,
 ``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health``, ``GET /debug/stats``,
-``/debug/timeline``, ``/debug/profile`` (off unless enabled). Python callers use ``generate`` and ``speak``
-(streams: ``handle.options(stream=True)``) and ``transcribe`` through a ``DeploymentHandle``.
+``/debug/timeline``, ``/debug/steps``, ``/debug/profile`` (off unless enabled). Python callers
+use ``generate`` and ``speak`` (streams: ``handle.options(stream=True)``) and ``transcribe`` through a ``DeploymentHandle``.
 """
 
 from __future__ import annotations
@@ -241,6 +241,20 @@ class OmniIngress:
             for rid, m in marks.items():
                 out.setdefault(rid, {})[name] = m
         return {"requests": [dict(request_id=rid, **out[rid]) for rid in ids if rid in out]}
+
+    @app.get("/debug/steps")
+    async def debug_steps(self, stage: str = Query(...), since: float = Query(0.0, ge=0),
+                          limit: int = Query(2000, ge=1, le=8192)) -> dict:
+        """``stage``'s steps (one replica's engine, with its ``actor_id``) that began at or after
+        wall time ``since``, the last ``limit``: each one's start, length, rows and the runner's
+        parts (stages/step_trace.py), to find the slow steps a mean hides."""
+        if not self.args.security.enable_debug_endpoints:
+            raise APIError(404, "debug endpoints are off (security.enable_debug_endpoints)",
+                           type="not_found_error")
+        handle = self.stage_handles.get(stage)
+        if handle is None:
+            raise bad_request(f"stage must be one of {sorted(self.stage_handles)}", "stage")
+        return await handle.steps.remote(since, limit)
 
     @app.get("/debug/profile")
     async def debug_profile(self, stage: str = Query(...), steps: int = Query(50, ge=1, le=2000),

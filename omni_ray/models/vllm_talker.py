@@ -88,17 +88,30 @@ class TalkerScheduler(Scheduler):
     the token budget had run out before it (a state vLLM's scheduler handles every step)."""
 
     omni_ready = None  # set by VllmTalkerRunner: Request -> bool
+    # set by VllmTalkerRunner (its ``time_spent``): what each step scheduled, summed over steps:
+    # tokens, of them in rows of more than one token (prompt chunks), new requests, requests held
+    # for their text, requests left waiting (the token budget or the batch was full)
+    omni_counts: dict | None = None
 
     def schedule(self, *args, **kwargs):
         ready = self.omni_ready
-        if ready is None:
-            return super().schedule(*args, **kwargs)
-        held = [r for r in self.running if not ready(r)]
+        held = [r for r in self.running if not ready(r)] if ready is not None else []
         if not held:
-            return super().schedule(*args, **kwargs)
+            return self._count(super().schedule(*args, **kwargs), 0)
         held_ids = {id(r) for r in held}
         self.running = [r for r in self.running if id(r) not in held_ids]
         try:
-            return super().schedule(*args, **kwargs)
+            return self._count(super().schedule(*args, **kwargs), len(held))
         finally:
             self.running = held + self.running
+
+    def _count(self, out, held: int):
+        counts = self.omni_counts
+        if counts is not None:
+            counts["sched_tokens"] += out.total_num_scheduled_tokens
+            counts["sched_prompt_tokens"] += sum(n for n in out.num_scheduled_tokens.values()
+                                                 if n > 1)
+            counts["sched_new"] += len(out.scheduled_new_reqs)
+            counts["sched_held"] += held
+            counts["sched_waiting"] += len(self.waiting) + len(self.skipped_waiting)
+        return out

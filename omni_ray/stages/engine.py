@@ -30,6 +30,7 @@ from omni_ray.pipeline.build import build_stage_logic
 from omni_ray.runners.factory import warm_up_runner
 from omni_ray.pipeline.emit import Emit, StageRequestError
 from omni_ray.stages.gpu_start import gpu_start_turn
+from omni_ray.stages.step_trace import StepTrace
 from omni_ray.stages.tombstones import Tombstones
 from omni_ray.timeline import Timeline
 from omni_ray.transport.ray_push import ChunkSender, PushBatcher, Reorderer
@@ -94,6 +95,7 @@ class StageEngine:
         # Where the loop thread's time goes (seconds; benchmarks diff them around a load level):
         # applying commands and chunks, stepping (the rest it waits); rows = requests stepped.
         self.loop_time = dict(commands_s=0.0, step_s=0.0, rows=0)
+        self.trace = StepTrace()  # each of the last steps (stages/step_trace.py)
         self._profile = None  # (StepProfile, future) while a capture runs (step thread)
         self._profiling = False  # the same, seen from the actor's loop
         self.metrics = EngineMetrics(stage)
@@ -262,7 +264,7 @@ class StageEngine:
             requests=len(self._reqs),
             runner_requests=await self._call(self.logic.num_requests),
             loop_time=dict(self.loop_time),
-            runner_time=dict(getattr(self.logic.runner, "time_spent", None) or {}),
+            runner_time=self._runner_time(),
             senders_in_flight=sum(s.sender.in_flight for s in self._reqs.values() if s.sender),
             # the pushes out: calls made, chunks they carried, calls not yet answered
             push_calls_out=(self._batcher.calls if self.pipeline.coalesce_pushes
@@ -273,6 +275,18 @@ class StageEngine:
             start_phases=dict(self.start_phases),
             **self.counters,
         )
+
+    def _runner_time(self) -> dict:
+        return dict(getattr(self.logic.runner, "time_spent", None) or {})
+
+    async def steps(self, since: float = 0.0, limit: int = 2000) -> dict:
+        """This engine's steps that began at or after wall time ``since`` (the last ``limit``;
+        stages/step_trace.py), with the actor id: a stage of several replicas answers once per
+        engine."""
+        import ray
+
+        return dict(stage=self.stage, actor_id=ray.get_runtime_context().get_actor_id(),
+                    steps=self.trace.since(since, limit))
 
     async def profile(self, steps: int = 50, timeout_s: float = 60.0) -> dict:
         """A ``torch.profiler`` summary of this engine's next ``steps`` steps
@@ -367,7 +381,9 @@ class StageEngine:
         return await fut
 
     def _run(self) -> None:
-        clock, spent = time.perf_counter, self.loop_time
+        clock, spent, trace = time.perf_counter, self.loop_time, self.trace
+        trace.baseline(self._runner_time())
+        cmds, cmds_s = 0, 0.0  # applied since the last step
         try:
             while True:
                 # 1) Apply commands; block only when there is nothing to step.
@@ -383,16 +399,22 @@ class StageEngine:
                     block = False
                     emits = self._apply(kind, arg, fut)
                     self._dispatch(emits)
-                    spent["commands_s"] += clock() - t0
+                    took = clock() - t0
+                    spent["commands_s"] += took
+                    cmds, cmds_s = cmds + 1, cmds_s + took
                 # 2) One step of the runner over every ready request.
                 if self.logic.has_work():
-                    t0 = clock()
+                    t_wall, t0 = time.time(), clock()
                     emits = self.logic.step()
                     self.counters["steps"] += 1
                     self.metrics.on_step(self.logic.last_batch_size, self._admitted())
                     self._dispatch(emits)
-                    spent["step_s"] += clock() - t0
+                    took = clock() - t0
+                    spent["step_s"] += took
                     spent["rows"] += self.logic.last_batch_size
+                    trace.record(t_wall, took, self.logic.last_batch_size, len(emits), cmds,
+                                 cmds_s, self._runner_time())
+                    cmds, cmds_s = 0, 0.0
                     if self._profile is not None and self._profile[0].on_step():
                         self._end_profile()
         except BaseException as e:  # the loop itself broke: fail everything, loudly
@@ -419,11 +441,14 @@ class StageEngine:
         return self.logic.on_chunk(arg)  # "chunk"
 
     def _dispatch(self, emits: list[Emit]) -> None:
+        """Hand the step thread's emits to the actor's loop. Their milestones (``first_down``,
+        ``first_out``) take this moment, inside the step that made them (its step record says
+        which), not the later one the loop gets to them."""
         if emits:
-            self._loop.call_soon_threadsafe(self._route, emits)
+            self._loop.call_soon_threadsafe(self._route, emits, time.time())
 
     # -- on the asyncio loop -----------------------------------------------------------------
-    def _route(self, emits: list[Emit]) -> None:
+    def _route(self, emits: list[Emit], t_made: float | None = None) -> None:
         for e in emits:
             st = self._reqs.get(e.request_id)
             if st is None:
@@ -436,14 +461,14 @@ class StageEngine:
                 st.out.put_nowait(StageRequestError(f"{self.stage}: {e.error}"))
                 continue
             if e.target == "down":
-                self.timeline.mark(e.request_id, "first_down")
+                self.timeline.mark(e.request_id, "first_down", t_made)
                 self.counters["chunks_down"] += 1
                 st.sender.send(e.item)
                 if e.final:
                     st.sender.close()
             else:
                 if e.item is not None:
-                    self.timeline.mark(e.request_id, "first_out")
+                    self.timeline.mark(e.request_id, "first_out", t_made)
                     self.counters["chunks_out"] += 1
                     st.out.put_nowait(encode_chunk(e.item))
                 if e.final:

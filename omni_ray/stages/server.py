@@ -146,6 +146,11 @@ class StageServer:
         await self.sup.wait_ready(timeout_s=120)
         return await self.engine.profile.remote(steps, timeout_s)
 
+    async def steps(self, since: float, limit: int) -> dict:
+        """This replica's engine's last steps (stages/step_trace.py)."""
+        await self.sup.wait_ready(timeout_s=120)
+        return await self.engine.steps.remote(since, limit)
+
     async def request_timeline(self, request_ids: list[str]) -> dict:
         """This replica's engine's milestones of these requests (omni_ray/timeline.py)."""
         here = self.timeline.get(request_ids)

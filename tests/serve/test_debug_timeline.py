@@ -125,3 +125,49 @@ def test_debug_profile_captures_the_talkers_steps_under_a_request(serve_urls):
                                                              "steps")):
         bad = httpx.get(f"{url}/debug/profile", params=params, timeout=30)
         assert bad.status_code == 400 and field in str(bad.json()["error"]["param"]), bad.text
+
+
+def test_debug_steps_name_the_talker_steps_that_sent_each_first_chunk(serve_urls):
+    """``GET /debug/steps``: the engines' step records (stages/step_trace.py), under four
+    concurrent spoken answers. The talker's records are the steps its stats count, and each
+    request's first chunk to code2wav is stamped inside the step that made it: the grouping of
+    benchmarks/step_trace.py finds every request in exactly one such step. Bad parameters are
+    a 4xx naming them."""
+    import concurrent.futures
+
+    from benchmarks import step_profile, step_trace
+
+    url = serve_urls["async_chunk"]
+    before = step_profile.fetch(url)
+    t0 = time.time()
+
+    def speak(i):
+        return httpx.post(f"{url}/v1/chat/completions", timeout=180, json={
+            "model": MODEL, "messages": [{"role": "user", "content": f"Story number {i}."}],
+            "max_tokens": 8, "modalities": ["text", "audio"],
+            "audio": {"voice": "ethan", "format": "wav"}, "max_audio_frames": 10})
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(speak, range(4)))
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+    after = step_profile.fetch(url)
+    trace = step_trace.fetch(url, t0, samples=1)
+    assert set(trace) == set(step_trace.STAGES)
+    talker = trace["talker"]
+    (actor,) = after["talker"]
+    assert len(talker) == after["talker"][actor]["steps"] - before["talker"][actor]["steps"]
+    assert all(s["t"] >= t0 and s["ms"] > 0 for s in talker)
+    marks = timeline.fetch(url, 4)
+    assert sorted(m["request_id"] for m in marks) == sorted(r.json()["id"] for r in answers)
+    for m in marks:  # stamped inside a talker step that sent something
+        down = m["talker"]["first_down"]
+        assert any(s["t"] <= down <= s["t"] + s["ms"] / 1e3 and s["emits"] for s in talker), m
+    got = step_trace.summarize(trace, marks, t0)
+    assert sum(g["released"] for g in got["talker_releases"]) == 4
+    assert all(g["step"]["emits"] >= g["released"] for g in got["talker_releases"])
+    assert got["talker"]["steps"] == len(talker) and got["talker"]["slowest"]
+    assert "talker p50" in step_trace.slow_line(got)
+    for params, field in (({"stage": "vocoder"}, "stage"), ({"stage": "talker", "limit": 0},
+                                                             "limit")):
+        bad = httpx.get(f"{url}/debug/steps", params=params, timeout=30)
+        assert bad.status_code in (400, 422) and field in bad.text, bad.text

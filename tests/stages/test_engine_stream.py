@@ -63,3 +63,26 @@ def test_items_are_coalesced_per_interval_and_none_is_lost(engines, omni_by_mode
     assert len(slow) <= 1 + slow[-1][0] / (INTERVAL_MS / 1000) + 1e-6, [
         (round(t, 3), len(b)) for t, b in slow]
     assert len(slow) < TOKENS
+
+
+def test_the_step_records_account_for_the_stats(engines, omni_by_mode):
+    """``StageEngine.steps``: one record per step the stats count, their rows sum to the stats'
+    rows, they began after the request was sent, and they sent what the stream read."""
+    engine = engines[0]
+    prompt = omni_by_mode["sync"].prompt_ids("Count to ten.")
+    before = ray.get(engine.stats.remote())
+    t0 = time.time()
+    ray.get(engine.add_request.remote(OmniRequest(
+        request_id="traced", prompt_token_ids=prompt, max_tokens=12, modalities=("text",)), None))
+    items = [i for _, batch in _read(engine, "traced") for i in batch]
+    after = ray.get(engine.stats.remote())
+    got = ray.get(engine.steps.remote(t0))
+    steps = got["steps"]
+    assert got["stage"] == "thinker" and got["actor_id"] == after["actor_id"]
+    assert len(steps) == after["steps"] - before["steps"] > 0
+    assert sum(s["rows"] for s in steps) == (after["loop_time"]["rows"]
+                                             - before["loop_time"]["rows"])
+    assert sum(s["emits"] for s in steps) == len(items)  # a token (and the end) an emit
+    assert all(t0 <= s["t"] <= time.time() and s["ms"] > 0 for s in steps)
+    assert sum(s["parts"].get("engine_ms", 0) for s in steps) <= sum(s["ms"] for s in steps)
+    assert ray.get(engine.steps.remote(time.time() + 60))["steps"] == []

@@ -115,6 +115,13 @@ def test_runner_frames_equal_transformers_talker(talker, hf_talker, thinker_out)
     assert spent["prefills"] == len(got)
     assert spent["engine_s"] >= spent["code_predictor_s"] + spent["text_s"] + spent["logits_s"] > 0
     assert spent["admit_s"] >= spent["admit_copy_s"] > 0
+    # what the scheduler gave the steps (the step records' sched_*): each request new once,
+    # its prompt in rows of many tokens, then one row per code sampled after the first
+    frames = spent["frames"]
+    assert spent["sched_new"] == len(got) and spent["sched_held"] == 0
+    assert spent["sched_prompt_tokens"] > 2 * len(got)
+    decode_rows = spent["sched_tokens"] - spent["sched_prompt_tokens"]
+    assert frames - len(got) <= decode_rows <= frames + len(got), (decode_rows, frames)
     for rid in ref:
         assert torch.equal(got[rid], ref[rid]), rid
     assert any(r == FinishReason.LENGTH for r, _ in done.values())
@@ -161,8 +168,10 @@ def test_waits_for_text_and_never_decodes_without_it(talker, hf_talker, thinker_
     held = []
     original = scheduler.omni_ready
     scheduler.omni_ready = lambda r: held.append(not original(r)) or original(r)
+    before = talker.time_spent["sched_held"]
     got, done = _drive(talker, feeds, steps_between=3)
     assert any(held), "the scheduler never had to hold a request back"
+    assert talker.time_spent["sched_held"] - before == sum(held)  # counted as it held them
     assert all(err is None for _, err in done.values()), done
     for rid in ref:
         assert torch.equal(got[rid], ref[rid]), rid

@@ -160,15 +160,18 @@ class VllmTalkerRunner(TalkerRequests):
         # Seconds per part of the step loop (the engine's stats; benchmarks diff them):
         # admit = prefill inputs + add_request (admit_copy: of it, their one copy to the host,
         # which waits for the GPU); engine = vLLM's step (it includes the bridge's
-        # code_predictor, text and logits hooks, counted there too); rest = after the step.
+        # code_predictor, text and logits hooks, counted there too); rest = after the step;
+        # sched_*: what vLLM's scheduler gave the steps (models/vllm_talker.TalkerScheduler).
         self.time_spent = dict(admit_s=0.0, admit_copy_s=0.0, engine_s=0.0, code_predictor_s=0.0,
                                text_s=0.0, logits_s=0.0, rest_s=0.0, prefills=0, frames=0,
-                               early_frames=0)
+                               early_frames=0, sched_tokens=0, sched_prompt_tokens=0,
+                               sched_new=0, sched_held=0, sched_waiting=0)
         self._bridge = _Bridge(self.inputs, model_runner, batch, self.time_spent)
         model.omni_bridge = self._bridge
         if batch and early_code_predictor:
             model_runner.sampler = _AfterSampling(model_runner.sampler, self._bridge)
         scheduler.omni_ready = self._bridge.ready
+        scheduler.omni_counts = self.time_spent  # sched_*: what each step scheduled
         self._positions_hook(model_runner)
         from omni_ray.runners.vllm.kernel_warmup import warm_kernels_on_gpu
 

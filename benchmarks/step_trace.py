@@ -1,0 +1,134 @@
+"""A level's slow steps, from the engines' own step records (``GET /debug/steps``;
+omni_ray/stages/step_trace.py), and which talker steps released the requests' first audio.
+
+The step profile (benchmarks/step_profile.py) gives a level's mean step. At c=32 the first audio
+came in tiers (session 19): the talker's part 25-87 ms for the first requests of a burst, ~270
+ms for the next and ~900 ms for the last 20, all of the last 20 out at the same moment. A mean
+of 36 ms a step says nothing of which step that was. Here:
+
+* ``slowest``: a stage's slowest steps in the level, each with its start (seconds after the
+  level's first request), rows, what it sent, the commands applied before it and the runner's
+  parts (the talker's: admit, engine, code predictor, text, logits, rest in ms; what vLLM's
+  scheduler gave it: ``sched_tokens``, ``sched_prompt_tokens``, ``sched_new``, ``sched_held``,
+  ``sched_waiting``);
+* ``releases``: the requests' first chunks out of a stage (its ``first_down`` milestone),
+  grouped by the step that sent them, each group with that step and how long its requests had
+  waited in the stage (``first_in`` to ``first_down``). The engine stamps ``first_down`` inside
+  the step that made the chunk (``StageEngine._dispatch``), so that step is the last one that
+  began before the stamp.
+
+Needs ``security.enable_debug_endpoints: true``; without it ``fetch`` returns None.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+
+import httpx
+
+STAGES = ("thinker", "talker", "code2wav")
+SLOWEST = 5  # steps listed per stage
+SAMPLES = 4  # fetches per stage: a stage with two replicas is seen whole with p > 0.9
+
+
+def fetch(url: str, since: float, stages=STAGES, samples: int = SAMPLES,
+          headers: dict | None = None) -> dict[str, list[dict]] | None:
+    """``{stage: steps}`` that began at or after wall time ``since``, each replica's steps
+    merged in time order (each GET reaches one replica: ``samples`` per stage)."""
+    out: dict[str, list[dict]] = {}
+    for stage in stages:
+        by_engine: dict[str, list[dict]] = {}
+        for _ in range(samples):
+            r = httpx.get(f"{url}/debug/steps", params=dict(stage=stage, since=since, limit=8192),
+                          headers=headers, timeout=60)
+            if r.status_code == 404:
+                return None
+            if r.status_code == 400:  # a stage this app does not run (text only)
+                break
+            r.raise_for_status()
+            got = r.json()
+            by_engine[got["actor_id"]] = [dict(s, engine=got["actor_id"]) for s in got["steps"]]
+        if by_engine:
+            out[stage] = sorted((s for steps in by_engine.values() for s in steps),
+                                key=lambda s: s["t"])
+    return out
+
+
+def _brief(step: dict, t_ref: float) -> dict:
+    return dict(at_s=round(step["t"] - t_ref, 3), ms=round(step["ms"], 1), rows=step["rows"],
+                emits=step["emits"], cmds=step["cmds"], cmds_ms=round(step["cmds_ms"], 1),
+                parts={k: round(v, 1) for k, v in step["parts"].items()})
+
+
+def stage_summary(steps: list[dict], t_ref: float, k: int = SLOWEST) -> dict:
+    """Step length p50 / p99 / max (ms) and the ``k`` slowest steps."""
+    ms = sorted(s["ms"] for s in steps)
+    if not ms:
+        return dict(steps=0)
+    return dict(steps=len(ms), ms_p50=round(statistics.median(ms), 2),
+                ms_p99=round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 2),
+                ms_max=round(ms[-1], 2),
+                slowest=[_brief(s, t_ref) for s in sorted(steps, key=lambda s: -s["ms"])[:k]])
+
+
+def releases(steps: list[dict], marks: list[dict], stage: str, t_ref: float) -> list[dict]:
+    """The requests' first chunks out of ``stage`` grouped by the step that sent them (see the
+    module doc), in time order: that step, how many it released and their wait in the stage
+    (``first_in`` -> ``first_down``, ms: min / max)."""
+    senders = [s for s in steps if s["emits"]]
+    starts = [s["t"] for s in senders]
+    groups: dict[int, list[float]] = {}
+    for m in marks:
+        st = m.get(stage) or {}
+        down, first_in = st.get("first_down"), st.get("first_in", st.get("added"))
+        if down is None or first_in is None:
+            continue
+        i = bisect.bisect_right(starts, down) - 1
+        if i >= 0:
+            groups.setdefault(i, []).append(1e3 * (down - first_in))
+    return [dict(step=_brief(senders[i], t_ref), released=len(w), waited_ms_min=round(min(w), 1),
+                 waited_ms_max=round(max(w), 1))
+            for i, w in sorted(groups.items())]
+
+
+def summarize(trace: dict[str, list[dict]] | None, marks: list[dict], t_ref: float) -> dict | None:
+    """Per stage ``stage_summary``, and the talker's ``releases`` (the stage whose first chunk
+    came in tiers)."""
+    if trace is None:
+        return None
+    out = {stage: stage_summary(steps, t_ref) for stage, steps in trace.items()}
+    if "talker" in trace:
+        out["talker_releases"] = releases(trace["talker"], marks, "talker", t_ref)
+    return out
+
+
+def _parts(p: dict) -> str:
+    keys = [k for k in p if k.endswith("_ms") and p[k] >= 1] + \
+        [k for k in ("sched_tokens", "sched_prompt_tokens", "sched_new", "sched_held",
+                     "sched_waiting", "prefills", "frames") if p.get(k)]
+    return " ".join(f"{k.removesuffix('_ms')} {p[k]:.0f}" for k in keys)
+
+
+def slow_line(summary: dict) -> str:
+    """One line: per stage p50 / max step and the slowest step's make-up."""
+    out = []
+    for stage in STAGES:
+        s = summary.get(stage)
+        if not s or not s.get("steps"):
+            continue
+        top = s["slowest"][0]
+        out.append(f"{stage} p50 {s['ms_p50']:.1f} max {s['ms_max']:.0f} ms at +{top['at_s']:.2f}s "
+                   f"({top['rows']} rows, {top['cmds']} cmds {top['cmds_ms']:.0f} ms"
+                   + (f"; {_parts(top['parts'])}" if top["parts"] else "") + ")")
+    return "; ".join(out)
+
+
+def releases_line(summary: dict, limit: int = 8) -> str:
+    """One line: the talker steps that released first chunks, the biggest ``limit`` groups in
+    time order: ``20 @ +1.20s (step 640 ms, 14 rows, waited 870-965)``."""
+    rel = summary.get("talker_releases") or []
+    big = sorted(sorted(rel, key=lambda g: -g["released"])[:limit], key=lambda g: g["step"]["at_s"])
+    return ", ".join(f"{g['released']} @ +{g['step']['at_s']:.2f}s (step {g['step']['ms']:.0f} "
+                     f"ms, {g['step']['rows']} rows, waited {g['waited_ms_min']:.0f}-"
+                     f"{g['waited_ms_max']:.0f} ms)" for g in big)

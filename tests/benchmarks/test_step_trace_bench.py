@@ -1,0 +1,58 @@
+"""benchmarks/step_trace.py on step records shaped like session 19's c=32 burst: the first
+chunks of 31 requests come out of three talker steps, the last one 700 ms long; the analysis
+names those steps, how many each released and how long those requests had waited."""
+
+from __future__ import annotations
+
+from benchmarks import step_trace
+
+T = 1000.0  # the level's first request, wall clock
+
+
+def _step(at, ms, rows, emits, **parts):
+    return dict(t=T + at, ms=ms, rows=rows, emits=emits, cmds=1, cmds_ms=0.1, parts=parts,
+                engine="a")
+
+
+def _burst():
+    steps = [_step(0.10, 20, 6, 0, sched_new=6, sched_prompt_tokens=900),
+             _step(0.12, 30, 6, 6),  # 6 first frames
+             _step(0.15, 25, 6, 0),
+             _step(0.17, 250, 11, 0, sched_new=5, sched_prompt_tokens=750, admit_ms=4),
+             _step(0.42, 30, 11, 5),  # 5 first frames
+             _step(0.45, 700, 31, 0, sched_new=20, sched_prompt_tokens=2048, engine_ms=690),
+             _step(1.15, 40, 31, 20),  # the last 20
+             _step(1.19, 35, 31, 31)]  # later frames: no first chunk in it
+    marks = []
+    for i in range(31):
+        first_in = T + (0.05 if i < 6 else 0.15 if i < 11 else 0.3)
+        down = T + (0.149 if i < 6 else 0.449 if i < 11 else 1.189)  # in its step
+        marks.append({"talker": {"first_in": first_in, "first_down": down}})
+    marks.append({"ingress": {"received": T}})  # a text-only request: no talker marks
+    return steps, marks
+
+
+def test_the_burst_is_told_by_the_steps_that_released_it():
+    steps, marks = _burst()
+    got = step_trace.summarize({"talker": steps, "thinker": steps[:2]}, marks, T)
+    rel = got["talker_releases"]
+    assert [g["released"] for g in rel] == [6, 5, 20]
+    assert [g["step"]["at_s"] for g in rel] == [0.12, 0.42, 1.15]
+    assert rel[2]["waited_ms_min"] == rel[2]["waited_ms_max"] == 889.0
+    talker = got["talker"]
+    assert talker["steps"] == 8 and talker["ms_max"] == 700
+    top = talker["slowest"][0]
+    assert (top["at_s"], top["rows"], top["parts"]["sched_new"]) == (0.45, 31, 20)
+    assert [s["ms"] for s in talker["slowest"]] == [700, 250, 40, 35, 30]
+    line = step_trace.slow_line(got)
+    assert "talker p50 32.5 max 700 ms at +0.45s" in line and "sched_new 20" in line
+    assert "engine 690" in line and line.startswith("thinker")
+    assert step_trace.releases_line(got).startswith(
+        "6 @ +0.12s (step 30 ms, 6 rows, waited 99-99 ms), 5 @ +0.42s")
+
+
+def test_nothing_to_say_without_the_endpoint_or_steps():
+    assert step_trace.summarize(None, [], T) is None
+    assert step_trace.stage_summary([], T) == dict(steps=0)
+    got = step_trace.summarize({"talker": []}, _burst()[1], T)
+    assert got["talker_releases"] == [] and step_trace.releases_line(got) == ""
