@@ -662,6 +662,8 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
             if tr.get("talker_releases"):
                 chk.line("INFO", f"talker first chunks by step{sfx} c={c}",
                          step_trace.releases_line(tr))
+            if tr.get("talker_opening"):
+                chk.line("INFO", f"talker opening burst{sfx} c={c}", step_trace.opening_line(tr))
         if lv["stall_where"]:  # which chunk came late: requests waiting there, mean wait
             chk.line("INFO", f"stalls by audio played{sfx} c={c}", ", ".join(
                 f"{k} {_f(v['requests_frac'], 2)} ({v['mean_wait_s'] * 1e3:.0f} ms)"

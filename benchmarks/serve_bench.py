@@ -152,7 +152,9 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
                                 stall_p99_s=summary.metrics["stall_s"]["p99"],
                                 realtime_frac=summary.realtime_frac,
                                 requests=[r.summary() for r in recs], **ttfa,
-                                step_trace=step_trace.summarize(trace, marks, t_ref),
+                                step_trace=step_trace.summarize(
+                                    trace, marks, t_ref,
+                                    burst=int(value) if kind == "concurrency" else None),
                                 step_profile=step_profile.diff(
                                     stats_before,
                                     await asyncio.to_thread(step_profile.fetch, url,

@@ -15,7 +15,9 @@ of 36 ms a step says nothing of which step that was. Here:
   grouped by the step that sent them, each group with that step and how long its requests had
   waited in the stage (``first_in`` to ``first_down``). The engine stamps ``first_down`` inside
   the step that made the chunk (``StageEngine._dispatch``), so that step is the last one that
-  began before the stamp.
+  began before the stamp;
+* ``opening``: with a closed loop of C clients, every talker step from the level's start until
+  the first C requests all had their first chunk out: the burst, step by step.
 
 Needs ``security.enable_debug_endpoints: true``; without it ``fetch`` returns None.
 """
@@ -30,6 +32,7 @@ import httpx
 STAGES = ("thinker", "talker", "code2wav")
 SLOWEST = 5  # steps listed per stage
 SAMPLES = 4  # fetches per stage: a stage with two replicas is seen whole with p > 0.9
+OPENING_CAP = 400  # steps kept of a level's opening burst
 
 
 def fetch(url: str, since: float, stages=STAGES, samples: int = SAMPLES,
@@ -92,14 +95,31 @@ def releases(steps: list[dict], marks: list[dict], stage: str, t_ref: float) -> 
             for i, w in sorted(groups.items())]
 
 
-def summarize(trace: dict[str, list[dict]] | None, marks: list[dict], t_ref: float) -> dict | None:
-    """Per stage ``stage_summary``, and the talker's ``releases`` (the stage whose first chunk
-    came in tiers)."""
+def opening(steps: list[dict], marks: list[dict], burst: int, t_ref: float,
+            stage: str = "talker", cap: int = OPENING_CAP) -> list[dict]:
+    """``stage``'s steps from the level's start until the first ``burst`` requests (by
+    arrival at the ingress) all had their first chunk out of it: every step of the opening
+    burst, in order (at most ``cap``)."""
+    first = sorted((m for m in marks if "received" in m.get("ingress", {})),
+                   key=lambda m: m["ingress"]["received"])[:burst]
+    downs = [m[stage]["first_down"] for m in first if "first_down" in m.get(stage, {})]
+    if not downs:
+        return []
+    end = max(downs)
+    return [_brief(s, t_ref) for s in steps if s["t"] <= end][:cap]
+
+
+def summarize(trace: dict[str, list[dict]] | None, marks: list[dict], t_ref: float,
+              burst: int | None = None) -> dict | None:
+    """Per stage ``stage_summary``, the talker's ``releases`` (the stage whose first chunk came
+    in tiers) and, for a closed loop of ``burst`` clients, its ``opening`` steps."""
     if trace is None:
         return None
     out = {stage: stage_summary(steps, t_ref) for stage, steps in trace.items()}
     if "talker" in trace:
         out["talker_releases"] = releases(trace["talker"], marks, "talker", t_ref)
+        if burst:
+            out["talker_opening"] = opening(trace["talker"], marks, burst, t_ref)
     return out
 
 
@@ -132,3 +152,17 @@ def releases_line(summary: dict, limit: int = 8) -> str:
     return ", ".join(f"{g['released']} @ +{g['step']['at_s']:.2f}s (step {g['step']['ms']:.0f} "
                      f"ms, {g['step']['rows']} rows, waited {g['waited_ms_min']:.0f}-"
                      f"{g['waited_ms_max']:.0f} ms)" for g in big)
+
+
+def opening_line(summary: dict, factor: float = 2.0, limit: int = 12) -> str:
+    """One line: the opening burst's talker steps, and those of them over ``factor`` x the
+    level's p50 step (at most ``limit``, in order) with their make-up."""
+    steps, p50 = summary.get("talker_opening") or [], (summary.get("talker") or {}).get("ms_p50")
+    if not steps or not p50:
+        return ""
+    slow = [s for s in steps if s["ms"] > factor * p50][:limit]
+    return (f"{len(steps)} steps to +{steps[-1]['at_s']:.2f}s, {sum(s['ms'] for s in steps):.0f} "
+            f"ms stepping; over {factor:g}x p50: " + (", ".join(
+                f"+{s['at_s']:.2f}s {s['ms']:.0f} ms ({s['rows']} rows"
+                + (f"; {_parts(s['parts'])}" if s["parts"] else "") + ")" for s in slow)
+                or "none"))

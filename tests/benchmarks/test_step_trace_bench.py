@@ -34,7 +34,14 @@ def _burst():
 
 def test_the_burst_is_told_by_the_steps_that_released_it():
     steps, marks = _burst()
-    got = step_trace.summarize({"talker": steps, "thinker": steps[:2]}, marks, T)
+    for i, m in enumerate(marks[:31]):
+        m["ingress"] = {"received": T + 0.001 * i}
+    got = step_trace.summarize({"talker": steps, "thinker": steps[:2]}, marks, T, burst=11)
+    # the first 11 requests' burst: until the step that released the 11th
+    assert [s["at_s"] for s in got["talker_opening"]] == [0.1, 0.12, 0.15, 0.17, 0.42]
+    assert step_trace.opening_line(got) == (
+        "5 steps to +0.42s, 355 ms stepping; over 2x p50: +0.17s 250 ms (11 rows; admit 4 "
+        "sched_prompt_tokens 750 sched_new 5)")
     rel = got["talker_releases"]
     assert [g["released"] for g in rel] == [6, 5, 20]
     assert [g["step"]["at_s"] for g in rel] == [0.12, 0.42, 1.15]
