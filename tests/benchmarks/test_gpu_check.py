@@ -185,6 +185,10 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
             assert 0 <= lv["realtime_frac"] <= 1 and lv["stall_p99_s"] >= 0
             assert len(lv["ttfa_requests"]) == 2 and lv["ttfa_requests_missing"] == 0  # by id
             assert all(r["ingress first audio"] > 0 for r in lv["ttfa_requests"])
+            tr = lv["step_trace"]  # the engines' step records (benchmarks/step_trace.py)
+            assert all(tr[st]["steps"] > 0 for st in ("thinker", "talker", "code2wav")), tr
+            assert sum(g["released"] for g in tr["talker_releases"]) == 2
+            assert tr["talker_opening"] and tr["talker_opening"][-1]["emits"] > 0
         assert ("poisson" in serve) is (name == "gpu_serve.json")  # open loop: the base only
     assert serve["setup"]["pipeline"]["code2wav_urgent_ms"] == 300  # the variant's args
     (lv,) = json.loads((tmp_path / "gpu_serve.json").read_text())["poisson"]
@@ -197,6 +201,8 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     assert {"code2wav", "code2wav#2"} <= set(start["start_phases"]), start
     assert start["all_engines_s"] >= start["healthy_s"] > 0
     assert sum(line.startswith("INFO stalls by audio played urgent c=") for line in lines) == 2
+    for name in ("slowest steps", "talker first chunks by step", "talker opening burst"):
+        assert sum(line.startswith(f"INFO {name} c=") for line in lines) == 2, name
 
 
 @pytest.mark.slow
