@@ -417,3 +417,13 @@ def test_code_predictor_on_its_stream_changes_no_frame_on_cuda(tiny_model_dir, t
             _early_equals_late(runner, thinker_out, steps_between)
     finally:
         runner.shutdown()
+
+
+def test_the_backbone_directory_is_the_checkpoints_own_on_every_start(talker, tiny_model_dir):
+    """vLLM loads the talker from ``backbone_dir`` (kept per checkpoint), not a new temporary
+    directory: its compile cache, keyed by that path, is the same on the next start."""
+    from omni_ray.runners.vllm.talker_backbone import backbone_dir
+
+    model_cfg = talker.engine.vllm_config.model_config
+    assert model_cfg.model == str(talker.backbone_dir) == str(backbone_dir(tiny_model_dir))
+    assert (talker.backbone_dir / "config.json").exists()  # shutdown() of others kept it

@@ -38,10 +38,8 @@ code predictor runs in PyTorch (CUDA graphs on GPU), not in vLLM's forward.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,14 +59,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH,
                    "abort": FinishReason.ABORT}
-# Qwen3-MoE config fields vLLM reads, copied from the talker's text config.
-_BACKBONE_FIELDS = (
-    "hidden_size", "intermediate_size", "moe_intermediate_size", "num_experts_per_tok",
-    "norm_topk_prob", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-    "head_dim", "rms_norm_eps", "max_position_embeddings", "vocab_size", "hidden_act",
-    "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
-    "attention_bias",
-)
 
 
 class VllmTalkerRunner(TalkerRequests):
@@ -127,10 +117,13 @@ class VllmTalkerRunner(TalkerRequests):
                                    fused_code_predictor=fused_code_predictor)
         self.num_code_groups = self.inputs.num_code_groups
         self.max_num_seqs = max_num_seqs
-        self._dir = tempfile.TemporaryDirectory(prefix="omni_ray_talker_")
-        write_backbone_dir(Path(model_dir), Path(self._dir.name))
+        from omni_ray.runners.vllm.talker_backbone import backbone_dir
+
+        # the same directory on every start from this checkpoint: vLLM's compile cache (and the
+        # code predictor's, in the inductor cache vLLM points this process at) hit
+        self.backbone_dir = backbone_dir(model_dir)
         args = dict(
-            model=self._dir.name, dtype=dtype, max_num_seqs=max_num_seqs,
+            model=str(self.backbone_dir), dtype=dtype, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager, skip_tokenizer_init=True, enable_prompt_embeds=True,
             enable_prefix_caching=False, async_scheduling=False, scheduler_cls=TalkerScheduler,
@@ -326,7 +319,6 @@ class VllmTalkerRunner(TalkerRequests):
         for rid in list(self._seqs):
             self.abort(rid)
         self.engine.engine_core.shutdown()
-        self._dir.cleanup()
 
 
 class _Bridge:
@@ -637,37 +629,6 @@ class _AfterSampling:
 
     def __getattr__(self, name):
         return getattr(self._sampler, name)
-
-
-def write_backbone_dir(model_dir: Path, out: Path) -> None:
-    """A checkpoint directory vLLM can load as the talker's backbone: a Qwen3-MoE config.json
-    from the talker's text config, and links to the safetensors files that hold ``talker.*``
-    weights (the model's ``load_weights`` keeps only those)."""
-    from omni_ray.models.vllm_plugin import TALKER_ARCHITECTURE
-
-    full = json.loads((model_dir / "config.json").read_text())
-    text = full["talker_config"]["text_config"]
-    cfg = {k: text[k] for k in _BACKBONE_FIELDS if k in text}
-    rope = text.get("rope_parameters") or {}
-    theta = rope.get("rope_theta", text.get("rope_theta", 1e6))
-    cfg.update(
-        architectures=[TALKER_ARCHITECTURE], model_type="qwen3_moe",
-        num_experts=text.get("num_experts", text.get("num_local_experts")),
-        rope_parameters={**rope, "rope_type": rope.get("rope_type", "default"),
-                         "rope_theta": theta}, rope_theta=theta,
-        tie_word_embeddings=False, dtype=full.get("dtype") or "float32",
-    )
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        wm = json.loads(index.read_text())["weight_map"]
-        wm = {k: v for k, v in wm.items() if k.startswith("talker.")}
-        (out / index.name).write_text(json.dumps({"metadata": {}, "weight_map": wm}))
-        files = sorted(set(wm.values()))
-    else:
-        files = [p.name for p in model_dir.glob("*.safetensors")]
-    for f in files:
-        (out / f).symlink_to((model_dir / f).resolve())
 
 
 def _vllm_sampling_params(params: SamplingParams, max_tokens: int, codec_eos: int):
