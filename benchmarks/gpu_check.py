@@ -320,7 +320,8 @@ def phase_standin(chk: Check) -> None:
             return
         base = standin_base(chk, a, dev, cfg, shape, url, has_proc, res, env)
     for name, overrides in a.ab:  # also when the base did not start (no A/B lines then)
-        standin_variant(chk, cfg, name, overrides, base)
+        if live_fields(overrides) is None:  # the live ones ran on the base's engines
+            standin_variant(chk, cfg, name, overrides, base)
 
 
 def mps_env(chk: Check, stack: contextlib.ExitStack, tag: str) -> dict | None:
@@ -377,6 +378,9 @@ def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_p
         if not has_proc:
             chk.line("SKIP", "standin speech-in well-formed", "no processor files")
         base = chk.serve_levels = serve_bench(chk, url, shape, st, cfg, log=sr.log)
+        for name, overrides in a.ab:  # A/Bs of live fields: on these engines, no restart
+            if (fields := live_fields(overrides)) is not None:
+                standin_live_variant(chk, url, name, fields, base, shape, st, cfg, sr.log)
         if a.torch_profile:
             torch_profile(chk, url, shape, a.torch_profile)
         if a.rates:
@@ -524,6 +528,59 @@ def with_overrides(cfg: dict, dotted: dict) -> dict:
     return cfg
 
 
+def live_fields(overrides: dict) -> dict | None:
+    """{field: value} when every override is a pipeline field a running app can change
+    (``config/pipeline.LIVE_FIELDS``, ``POST /debug/pipeline``), else None (a restart)."""
+    from omni_ray.config.pipeline import LIVE_FIELDS
+
+    fields = {k.removeprefix("pipeline."): v for k, v in overrides.items()}
+    if not overrides or any(not k.startswith("pipeline.") for k in overrides) or \
+            not set(fields) <= set(LIVE_FIELDS):
+        return None
+    return fields
+
+
+LIVE_VARIANT_S = 150  # what a live A/B variant needs of the budget: its bench only
+
+
+def standin_live_variant(chk: Check, url: str, name: str, fields: dict, base: list[dict],
+                         shape: str, st: dict, cfg: dict, log: Path | None) -> None:
+    """An A/B of live pipeline fields on the base's running engines: the fields changed on
+    every engine (``POST /debug/pipeline``), the same bench (``gpu_serve_<name>.json``), one line
+    per level against the base, then the base's values back. No start: ~the bench's time."""
+    import httpx
+
+    from omni_ray.config.pipeline import PipelineConfig
+
+    if chk.left_s() < LIVE_VARIANT_S:
+        chk.line("SKIP", f"standin A/B {name}", f"{chk.left_s():.0f}s left, "
+                 f"{LIVE_VARIANT_S}s needed")
+        return
+    args = cfg["applications"][0]["args"]
+    base_cfg = PipelineConfig.model_validate(args.get("pipeline") or {})
+    restore = {k: getattr(base_cfg, k) for k in fields}
+    r = httpx.post(f"{url}/debug/pipeline", json=fields, timeout=120)
+    engines = r.json() if r.status_code == 200 else {}
+    ok = bool(engines) and all(all(live[k] == v for k, v in fields.items())
+                               for stage in engines.values() for live in stage.values())
+    chk.line("PASS" if ok else "FAIL", f"standin {name} live", (
+        f"{fields} on {sum(len(v) for v in engines.values())} engines, no restart" if ok
+        else f"HTTP {r.status_code}: {r.text[:300]}"))
+    chk.data["phases"].setdefault("standin_ab", {})[name] = dict(
+        overrides={f"pipeline.{k}": v for k, v in fields.items()}, live=True)
+    if not ok:
+        return
+    try:
+        levels = serve_bench(chk, url, shape, st, with_overrides(cfg, {
+            f"pipeline.{k}": v for k, v in fields.items()}), tag=name, log=log)
+    finally:  # the base's values back for what runs after (the other variants, profiles)
+        back = httpx.post(f"{url}/debug/pipeline", json=restore, timeout=120)
+        if back.status_code != 200:
+            chk.line("FAIL", f"standin {name} live restore", f"HTTP {back.status_code}")
+    chk.data["phases"]["standin_ab"][name]["levels"] = levels
+    ab_lines(chk, name, base, levels)
+
+
 VARIANT_S = 400  # what an A/B variant needs of the budget (standin_variant)
 EXTRA_REPLICA_S = 100  # and each further replica of a stage (session 18: the second talker 75 s)
 
@@ -562,6 +619,11 @@ def standin_variant(chk: Check, base_cfg: dict, name: str, overrides: dict,
             levels = serve_bench(chk, url, chk.data["phases"]["standin"]["shape"], st, cfg,
                                  tag=name, log=sr.log)
     chk.data["phases"]["standin_ab"][name]["levels"] = levels
+    ab_lines(chk, name, base, levels)
+
+
+def ab_lines(chk: Check, name: str, base: list[dict], levels: list[dict]) -> None:
+    """One INFO line per level of variant ``name`` against the base's."""
     by_c = {lv["concurrency"]: lv for lv in base}
     for lv in levels:
         b = by_c.get(lv["concurrency"])
@@ -948,7 +1010,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="after the standin bench, restart it with these app args and bench "
                          "again (an A/B in one run), e.g. "
                          "ramp:pipeline.ramp_chunks=true,pipeline.initial_chunk_frames=1; "
-                         "the key mps=true runs the variant under an MPS daemon (omni_ray/mps.py)")
+                         "the key mps=true runs the variant under an MPS daemon (omni_ray/mps.py). "
+                         "A variant of live pipeline fields only (config/pipeline.LIVE_FIELDS, "
+                         "e.g. pushone:pipeline.coalesce_pushes=false) runs on the base's "
+                         "engines right after its bench, without a restart")
     ap.add_argument("--standin-set", default="", metavar="key.path=value[,...]",
                     help="the standin phase's app args changed before it starts (no A/B); "
                          "mps=true runs it under an MPS daemon, and the --ab variants too "

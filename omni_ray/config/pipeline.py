@@ -10,6 +10,10 @@ from omni_ray.config.defaults import (DEFAULT_CODE2WAV_MAX_BATCH, DEFAULT_CODE2W
                                       DEFAULT_MODE)
 
 Mode = Literal["sync", "async_chunk"]
+# The fields a running Serve app can change (``POST /debug/pipeline``; gpu_check's A/B variants
+# of only these run on the base's engines, no restart): each is read per request or per message
+# by the stage engine or logic, not built into a runner at its start.
+LIVE_FIELDS = ("coalesce_pushes", "stream_interval_ms", "text_chunk_ms", "max_chunks_in_flight")
 
 
 class PipelineConfig(BaseModel):
@@ -77,6 +81,16 @@ class PipelineConfig(BaseModel):
                           "the receiver's step thread needs (benchmarks/push_fanin_bench.py)")
     max_chunks_in_flight: int = Field(8, ge=1, le=1024,
                                       description="per request and edge, before the sender waits")
+
+    def tuned(self, fields: dict) -> PipelineConfig:
+        """This config with ``fields`` changed, for a running app: ``LIVE_FIELDS`` only (the
+        requests that start after take them). ValueError naming the field otherwise (a pydantic
+        ``ValidationError`` for a bad value)."""
+        fixed = sorted(set(fields) - set(LIVE_FIELDS))
+        if fixed:
+            raise ValueError(f"pipeline.{fixed[0]} cannot change in a running app (it is built "
+                             f"into a runner at its start); these can: {', '.join(LIVE_FIELDS)}")
+        return PipelineConfig.model_validate({**self.model_dump(), **fields})
 
     def code2wav_batch(self, dtype: str) -> int:
         """``code2wav_max_batch``, or its default for a code2wav in ``dtype`` ("float32", ...)."""

@@ -3,8 +3,9 @@
 Routes: ``POST /v1/chat/completions`` (text and/or audio out, streaming or not),
 ``WS /v1/realtime`` (OpenAI's Realtime protocol), ``POST /v1/audio/transcriptions``,
 ``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health``, ``GET /debug/stats``,
-``/debug/timeline``, ``/debug/steps``, ``/debug/profile`` (off unless enabled). Python callers
-use ``generate`` and ``speak`` (streams: ``handle.options(stream=True)``) and ``transcribe`` through a ``DeploymentHandle``.
+``/debug/timeline``, ``/debug/steps``, ``/debug/profile``, ``POST /debug/pipeline`` (off unless
+enabled). Python callers use ``generate`` and ``speak`` (streams: ``handle.options(stream=True)``)
+and ``transcribe`` through a ``DeploymentHandle``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Query, Request, WebSocket
+from fastapi import Body, FastAPI, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -79,6 +80,9 @@ AUDIO_TOKEN_SAMPLES = 1920
 # A stage that does not answer /health's readiness call in this is not ready (while its replica
 # starts, Serve holds the call until it runs: /health must not wait for that).
 HEALTH_TIMEOUT_S = 2.0
+# POST /debug/pipeline asks each stage until this many calls in a row reach no new engine (Serve
+# routes a call to one replica: two replicas are all reached with p > 0.9999), or this many.
+TUNE_QUIET_CALLS, TUNE_MAX_ENGINES = 12, 64
 
 
 class OmniIngress:
@@ -255,6 +259,35 @@ class OmniIngress:
         if handle is None:
             raise bad_request(f"stage must be one of {sorted(self.stage_handles)}", "stage")
         return await handle.steps.remote(since, limit)
+
+    @app.post("/debug/pipeline")
+    async def debug_pipeline(self, fields: dict = Body(...)) -> dict:
+        """Change the pipeline's live fields (``config/pipeline.LIVE_FIELDS``) on every stage
+        engine of the running app, for the requests that start after: an A/B on the same engines
+        without a restart (benchmarks/gpu_check.py). 400 naming a field that cannot change or a
+        bad value. Each stage is asked until no new engine answers (Serve routes each call to one
+        replica): the answer lists every engine reached with its live fields."""
+        if not self.args.security.enable_debug_endpoints:
+            raise APIError(404, "debug endpoints are off (security.enable_debug_endpoints)",
+                           type="not_found_error")
+        from pydantic import ValidationError
+
+        try:
+            self.args.pipeline.tuned(fields)  # checked here first: no engine half-changed
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise bad_request(f"{err['msg']}", ".".join(map(str, err["loc"]))) from None
+        except ValueError as e:
+            raise bad_request(str(e), str(e).split()[0].removeprefix("pipeline.")) from None
+        out = {}
+        for name, handle in self.stage_handles.items():
+            engines, quiet = {}, 0
+            while quiet < TUNE_QUIET_CALLS and len(engines) < TUNE_MAX_ENGINES:
+                got = await handle.tune.remote(fields)
+                quiet = 0 if got["actor_id"] not in engines else quiet + 1
+                engines[got["actor_id"]] = got["pipeline"]
+            out[name] = engines
+        return out
 
     @app.get("/debug/profile")
     async def debug_profile(self, stage: str = Query(...), steps: int = Query(50, ge=1, le=2000),

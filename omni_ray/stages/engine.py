@@ -276,6 +276,20 @@ class StageEngine:
             **self.counters,
         )
 
+    async def tune(self, fields: dict) -> dict:
+        """Change ``LIVE_FIELDS`` of this engine's pipeline config for the requests that start
+        from now on (``POST /debug/pipeline``): ValueError naming a field that cannot change or
+        a bad value. Returns the live fields as they now are, with the stage and actor id."""
+        import ray
+
+        from omni_ray.config.pipeline import LIVE_FIELDS
+
+        self.pipeline = self.pipeline.tuned(fields)
+        if getattr(self.logic, "pipeline", None) is not None:  # the thinker's text_chunk_ms
+            self.logic.pipeline = self.pipeline
+        return dict(stage=self.stage, actor_id=ray.get_runtime_context().get_actor_id(),
+                    pipeline={k: getattr(self.pipeline, k) for k in LIVE_FIELDS})
+
     def _runner_time(self) -> dict:
         return dict(getattr(self.logic.runner, "time_spent", None) or {})
 

@@ -146,6 +146,11 @@ class StageServer:
         await self.sup.wait_ready(timeout_s=120)
         return await self.engine.profile.remote(steps, timeout_s)
 
+    async def tune(self, fields: dict) -> dict:
+        """This replica's engine's ``tune`` (a running app's live pipeline fields)."""
+        await self.sup.wait_ready(timeout_s=120)
+        return await self.engine.tune.remote(fields)
+
     async def steps(self, since: float, limit: int) -> dict:
         """This replica's engine's last steps (stages/step_trace.py)."""
         await self.sup.wait_ready(timeout_s=120)

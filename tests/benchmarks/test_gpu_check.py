@@ -159,6 +159,7 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
                              "--rates", "4", "--rate-requests", "3", "--rate-prompt-words", "8,300",
                              "--ab", "urgent:pipeline.code2wav_urgent_ms=300,"
                              "code2wav.deployment_config.num_replicas=2",
+                             "--ab", "pushone:pipeline.coalesce_pushes=false",
                              "--torch-profile", "2")
     assert rc == 0, "\n".join(lines)
     prof = json.loads((tmp_path / "gpu_profile.json").read_text())  # every stage, under load
@@ -203,6 +204,15 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     assert sum(line.startswith("INFO stalls by audio played urgent c=") for line in lines) == 2
     for name in ("slowest steps", "talker first chunks by step", "talker opening burst"):
         assert sum(line.startswith(f"INFO {name} c=") for line in lines) == 2, name
+    # a live variant (config/pipeline.LIVE_FIELDS): on the base's engines, without a restart
+    assert any(line.startswith("PASS standin pushone live") for line in lines), lines
+    assert "start" not in data["phases"]["standin_ab"]["pushone"]
+    assert data["phases"]["standin_ab"]["pushone"]["live"] is True
+    assert sum(line.startswith("INFO A/B pushone c=") for line in lines) == 2
+    for lv in json.loads((tmp_path / "gpu_serve_pushone.json").read_text())["levels"]:
+        talker = lv["step_profile"]["talker"]  # the change took: one call a chunk
+        assert talker["pushes_in"] == talker["chunks_in"] > 0, talker
+        assert lv["num_ok"] == lv["num_requests"] == 2
 
 
 @pytest.mark.slow
