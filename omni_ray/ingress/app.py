@@ -210,19 +210,29 @@ class OmniIngress:
         """OpenAI's Realtime protocol: speech in, speech out, server VAD, barge-in."""
         await self.realtime.serve(websocket)
 
-    @app.get("/debug/realtime")
-    async def debug_realtime(self) -> dict:
-        """This replica's open realtime sockets, responses running and conversation items."""
+    def _debug_on(self) -> None:
+        """404 unless ``security.enable_debug_endpoints`` (every ``/debug`` route)."""
         if not self.args.security.enable_debug_endpoints:
             raise APIError(404, "debug endpoints are off (security.enable_debug_endpoints)",
                            type="not_found_error")
+
+    def _debug_stage(self, stage: str):
+        """A ``/debug`` route's stage handle: 404 when they are off, 400 naming ``stage``."""
+        self._debug_on()
+        handle = self.stage_handles.get(stage)
+        if handle is None:
+            raise bad_request(f"stage must be one of {sorted(self.stage_handles)}", "stage")
+        return handle
+
+    @app.get("/debug/realtime")
+    async def debug_realtime(self) -> dict:
+        """This replica's open realtime sockets, responses running and conversation items."""
+        self._debug_on()
         return self.realtime.stats()
 
     @app.get("/debug/stats")
     async def debug_stats(self) -> dict:
-        if not self.args.security.enable_debug_endpoints:
-            raise APIError(404, "debug endpoints are off (security.enable_debug_endpoints)",
-                           type="not_found_error")
+        self._debug_on()
         out = {}
         for name, h in self.stage_handles.items():
             out[name] = await h.stats.remote()
@@ -234,9 +244,7 @@ class OmniIngress:
     async def debug_timeline(self, limit: int = Query(64, ge=1, le=1024)) -> dict:
         """The last ``limit`` finished requests of this replica, each with the milestones every
         stage noted (wall-clock seconds; omni_ray/timeline.py): where the first audio went."""
-        if not self.args.security.enable_debug_endpoints:
-            raise APIError(404, "debug endpoints are off (security.enable_debug_endpoints)",
-                           type="not_found_error")
+        self._debug_on()
         ids = self.timeline.recent(limit)
         stages = await asyncio.gather(*(h.request_timeline.remote(ids)
                                         for h in self.stage_handles.values()))
@@ -252,12 +260,7 @@ class OmniIngress:
         """``stage``'s steps (one replica's engine, with its ``actor_id``) that began at or after
         wall time ``since``, the last ``limit``: each one's start, length, rows and the runner's
         parts (stages/step_trace.py), to find the slow steps a mean hides."""
-        if not self.args.security.enable_debug_endpoints:
-            raise APIError(404, "debug endpoints are off (security.enable_debug_endpoints)",
-                           type="not_found_error")
-        handle = self.stage_handles.get(stage)
-        if handle is None:
-            raise bad_request(f"stage must be one of {sorted(self.stage_handles)}", "stage")
+        handle = self._debug_stage(stage)
         return await handle.steps.remote(since, limit)
 
     @app.post("/debug/pipeline")
@@ -267,9 +270,7 @@ class OmniIngress:
         without a restart (benchmarks/gpu_check.py). 400 naming a field that cannot change or a
         bad value. Each stage is asked until no new engine answers (Serve routes each call to one
         replica): the answer lists every engine reached with its live fields."""
-        if not self.args.security.enable_debug_endpoints:
-            raise APIError(404, "debug endpoints are off (security.enable_debug_endpoints)",
-                           type="not_found_error")
+        self._debug_on()
         from pydantic import ValidationError
 
         try:
@@ -294,12 +295,7 @@ class OmniIngress:
                             timeout_s: float = Query(60.0, gt=0, le=600)) -> dict:
         """A ``torch.profiler`` summary of ``stage``'s engine over its next ``steps`` steps
         under the traffic running now (stages/step_profile.py): ops by host and device time."""
-        if not self.args.security.enable_debug_endpoints:
-            raise APIError(404, "debug endpoints are off (security.enable_debug_endpoints)",
-                           type="not_found_error")
-        handle = self.stage_handles.get(stage)
-        if handle is None:
-            raise bad_request(f"stage must be one of {sorted(self.stage_handles)}", "stage")
+        handle = self._debug_stage(stage)
         try:
             return await handle.profile.remote(steps, timeout_s)
         except ValueError as e:  # another capture is running there

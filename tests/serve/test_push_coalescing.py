@@ -20,14 +20,19 @@ PROMPTS = ["Hello there, how are you?", "Name three colours.", "Count to five.",
 TOKENS = 32
 
 
-def test_concurrent_chunks_share_calls_and_answers_equal_offline(serve_urls, offline):
-    url = serve_urls["async_chunk"]
+def _answer_all(url: str) -> tuple[dict, list]:
+    """The six prompts at once, streamed: the step profile around them and the answers."""
     before = step_profile.fetch(url)
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
         got = list(pool.map(lambda p: ask(url, text=p, stream=True, max_tokens=TOKENS),
                             PROMPTS))
-    prof = step_profile.diff(before, step_profile.fetch(url), time.perf_counter() - t0)
+    return step_profile.diff(before, step_profile.fetch(url), time.perf_counter() - t0), got
+
+
+def test_concurrent_chunks_share_calls_and_answers_equal_offline(serve_urls, offline):
+    url = serve_urls["async_chunk"]
+    prof, got = _answer_all(url)
     talker = prof["talker"]
     # every chunk arrived, in fewer calls: the requests' chunks of a thinker step travel together
     assert 0 < talker["pushes_in"] < talker["chunks_in"], talker
@@ -53,15 +58,6 @@ def test_the_pushes_change_live_and_bad_fields_are_4xx(serve_urls, offline):
     def tune(**fields):
         return httpx.post(f"{url}/debug/pipeline", json=fields, timeout=120)
 
-    def talker_pushes():
-        before = step_profile.fetch(url)
-        t0 = time.perf_counter()
-        with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            got = list(pool.map(lambda p: ask(url, text=p, stream=True, max_tokens=TOKENS),
-                                PROMPTS))
-        prof = step_profile.diff(before, step_profile.fetch(url), time.perf_counter() - t0)
-        return prof["talker"], got
-
     for fields, param in (({"initial_chunk_frames": 2}, "initial_chunk_frames"),
                           ({"no_such_field": 1}, "no_such_field"),
                           ({"stream_interval_ms": -5}, "stream_interval_ms")):
@@ -74,7 +70,8 @@ def test_the_pushes_change_live_and_bad_fields_are_4xx(serve_urls, offline):
         assert set(engines) == {"thinker", "talker", "code2wav"}
         assert all(live["coalesce_pushes"] is False and live["stream_interval_ms"] == 20
                    for stage in engines.values() for live in stage.values()), engines
-        talker, got = talker_pushes()
+        prof, got = _answer_all(url)
+        talker = prof["talker"]
         assert talker["pushes_in"] == talker["chunks_in"] > 0, talker  # one call a chunk
         for prompt, (text, pcm, _, _) in zip(PROMPTS, got):
             ref_text, ref_pcm = offline_answer(offline["async_chunk"], text=prompt,
@@ -83,5 +80,5 @@ def test_the_pushes_change_live_and_bad_fields_are_4xx(serve_urls, offline):
             assert np.abs(pcm.astype(int) - ref_pcm.astype(int)).max() <= 1, prompt
     finally:
         assert tune(coalesce_pushes=True).status_code == 200
-    talker, _ = talker_pushes()
+    talker = _answer_all(url)[0]["talker"]
     assert 0 < talker["pushes_in"] < talker["chunks_in"], talker
