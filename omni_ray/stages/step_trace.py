@@ -35,14 +35,15 @@ class StepTrace:
 
     def record(self, t: float, seconds: float, rows: int, emits: int, cmds: int, cmds_s: float,
                counters: dict | None) -> None:
-        """One step: began at wall time ``t``, took ``seconds``; ``counters``: the runner's
-        ``time_spent`` now (the record keeps what grew since the last)."""
+        """One step: began at wall time ``t``, took ``seconds``; ``counters``: a copy of the
+        runner's ``time_spent`` now, kept as the next step's base (the record keeps what grew
+        since the last)."""
         parts = None
         if counters:
             last = self._last
             parts = {k: v - last.get(k, 0) for k, v in counters.items()
                      if isinstance(v, (int, float)) and v != last.get(k, 0)}
-            self._last = dict(counters)
+            self._last = counters  # the caller's copy: not copied again per step
         self._steps.append((t, seconds, rows, emits, cmds, cmds_s, parts))
 
     def since(self, t0: float = 0.0, limit: int = KEEP) -> list[dict]:
