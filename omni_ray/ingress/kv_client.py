@@ -37,6 +37,7 @@ from omni_ray.ingress.pipeline_client import (
     _root,
 )
 from omni_ray.kv_lifecycle import KVState, KVStepError, KVTransfer, KVTransferTable
+from omni_ray.testing import faults
 from omni_ray.testing.faults import KVFault
 
 logger = logging.getLogger("ray.serve")
@@ -67,6 +68,7 @@ class DisaggPipelineClient(PipelineClient):
         self.cfg = cfg
         self.transfers = KVTransferTable()
         self._faults: dict[str, KVFault] = {}
+        self._drains: set[asyncio.Task] = set()  # prefill streams read to their end (_drain)
 
     async def open(self, req: OmniRequest, kv_fault: KVFault | None = None) -> PipelineStream:
         """As ``PipelineClient.open``; ``kv_fault`` injects a hand-off fault (tests only)."""
@@ -81,7 +83,8 @@ class DisaggPipelineClient(PipelineClient):
     def stats(self) -> dict:
         """Counts, plus ``recent``: the summaries of the last few finished hand-offs (state,
         ``failed_at``, ``error``, ``fallback`` and the seconds of each step)."""
-        return {**self.transfers.stats(), "recent": list(self.transfers.recent)[-RECENT_IN_STATS:]}
+        return {**self.transfers.stats(), "kv_streams_draining": len(self._drains),
+                "recent": list(self.transfers.recent)[-RECENT_IN_STATS:]}
 
     async def _open_thinker(self, req: OmniRequest, downstream, gens: list):
         t = self.transfers.start(req.request_id)
@@ -109,16 +112,19 @@ class DisaggPipelineClient(PipelineClient):
         rid, to = req.request_id, self.cfg.timeouts
         loop = asyncio.get_running_loop()
         pre = th = handle = ev = None
+        deadline = loop.time() + to.prefill_s
         try:
             # 1) REQUESTED: a prefill replica runs the prompt (HELD) and saves its KV (EXTRACTED).
             pre = self.prefill.options(stream=True).prefill.remote(req, fault.kind)
             self._abort_if(fault, t)
-            deadline = loop.time() + to.prefill_s
             ev = await self._wait(t, pre.__anext__(), deadline - loop.time(), "prefill")
             self._expect(t, ev, KVState.HELD)
             t.num_tokens = ev.num_tokens
             t.advance(KVState.HELD)
             self._abort_if(fault, t)
+            if await faults.abort_unread(fault.kind):
+                raise KVInjectedAbort("thinker", "request aborted with its saved KV unread "
+                                                 "(x-omni-kv-fault)")
             ev = await self._wait(t, pre.__anext__(), deadline - loop.time(), "KV save")
             self._expect(t, ev, KVState.EXTRACTED)
             handle, ev = ev.handle, None
@@ -146,10 +152,29 @@ class DisaggPipelineClient(PipelineClient):
             return engine
         finally:
             handle = ev = None  # tracebacks keep frames alive: never let one pin the object
-            if pre is not None:
-                pre.cancel()  # the sender finishes its save and frees its cache by itself
+            if pre is not None:  # the sender finishes its save and frees its cache by itself
+                self._drain(pre, deadline)
             if th is not None:
                 th.cancel()  # the decode replica aborts the request and drops what it got
+
+    def _drain(self, pre, deadline: float) -> None:
+        """Read the prefill stream to its end in the background rather than cancel it. The
+        sender saves and frees by itself either way, but a stream dropped while its EXTRACTED
+        item is on the way can leave that item, and the KV object its handle names, referenced
+        for good (seen under load in tests/serve/test_kv_disagg_state.py). Bounded by the
+        prefill's deadline; past it the call is cancelled."""
+
+        async def drain():
+            try:
+                async with asyncio.timeout_at(deadline + GRACE_S):
+                    async for _ in pre:
+                        pass
+            except BaseException:  # noqa: BLE001  (failed, timed out or shut down: stop it)
+                pre.cancel()
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
 
     async def _wait(self, t: KVTransfer, aw, timeout_s: float, what: str,
                     safe: bool | Callable[[BaseException | None], bool] = True):

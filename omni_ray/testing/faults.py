@@ -8,7 +8,8 @@ docs/kv_transfer.md "Fault injection").
 
 * ``x-omni-fault: <stage>``: that stage fails the request on its next step (``fail_next_step``).
 * ``x-omni-kv-fault``: a KV hand-off failure (``KVFault``): the sender dies holding the KV, the
-  extraction, transfer or load fails, or the request is aborted right after entering a state.
+  extraction, transfer or load fails, the request is aborted right after entering a state, or
+  it is aborted once the sender's save has reached the ingress, unread (``abort_unread``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from omni_ray.kv_lifecycle import KVState
 
 STAGE_FAULT_HEADER = "x-omni-fault"
 KV_FAULT_HEADER = "x-omni-kv-fault"
-FAULT_KINDS = ("prefill_dies", "extract_fails", "transfer_timeout", "load_fails")
+FAULT_KINDS = ("prefill_dies", "extract_fails", "transfer_timeout", "load_fails", "abort_unread")
 STUCK_S = 60.0  # how long a "dying" sender stalls before giving up by itself
+SAVE_LANDS_S = 1.0  # ``abort_unread``: ample for the sender's save to reach the ingress's stream
 
 
 def requested(headers: Mapping[str, str], allowed: bool) -> tuple[str | None, str | None]:
@@ -43,7 +45,8 @@ class KVFault:
 
     @classmethod
     def parse(cls, value: str) -> KVFault:
-        """``prefill_dies | extract_fails | transfer_timeout | load_fails | abort_at:<STATE>``."""
+        """``prefill_dies | extract_fails | transfer_timeout | load_fails | abort_unread |
+        abort_at:<STATE>``."""
         v = value.strip()
         if v in FAULT_KINDS:
             return cls(kind=v)
@@ -68,6 +71,16 @@ def transfer_delay_s(fault: str | None, transfer_s: float) -> float:
     """Seconds the receiver's fetch is held back: past its timeout ``transfer_s`` for
     ``transfer_timeout``, else none."""
     return transfer_s + 1.0 if fault == "transfer_timeout" else 0.0
+
+
+async def abort_unread(fault: str | None) -> bool:
+    """``abort_unread``, in the ingress once the sender holds the KV (HELD): True after the save
+    has had time to reach the ingress's stream; the ingress then aborts the request without
+    reading it (the EXTRACTED item, with the object's ref inside, left in the stream)."""
+    if fault != "abort_unread":
+        return False
+    await asyncio.sleep(SAVE_LANDS_S)
+    return True
 
 
 def load_fails(fault: str | None) -> bool:

@@ -29,13 +29,22 @@ class Ref:
 
 
 class Call:
-    """A fake streaming handle call: ``__anext__`` over scripted items, ``cancel``."""
+    """A fake streaming handle call: ``__anext__`` over scripted items, ``cancel``; ``settled``
+    once cancelled or read to its end (``drained``: how the ingress ends a prefill stream)."""
 
     def __init__(self, items):
-        self.items, self.cancelled = list(items), False
+        self.items, self.cancelled, self.drained = list(items), False, False
+
+    @property
+    def settled(self) -> bool:
+        return self.cancelled or self.drained
+
+    def __aiter__(self):
+        return self
 
     async def __anext__(self):
         if not self.items:
+            self.drained = True
             raise StopAsyncIteration
         item = self.items.pop(0)
         if item == HANG:
@@ -106,7 +115,13 @@ class World:
         return c
 
     def open(self, fault: str | None = None):
-        return asyncio.run(self.client.open(REQ, kv_fault=KVFault.parse(fault) if fault else None))
+        async def main():
+            try:
+                return await self.client.open(REQ, kv_fault=KVFault.parse(fault) if fault else None)
+            finally:  # the prefill streams the ingress reads to their end in the background
+                await asyncio.gather(*self.client._drains, return_exceptions=True)
+
+        return asyncio.run(main())
 
     def transfer(self) -> dict:
         return self.client.transfers.recent[-1]
@@ -145,6 +160,7 @@ def test_success_hands_off_and_drops_the_ref():
     assert len(w.engine.fetch_kv.calls) == 1 and len(w.engine.load_kv.calls) == 1
     decode_call = w.calls[1]
     assert stream._gens == [("thinker", decode_call)] and not decode_call.cancelled
+    assert w.calls[0].drained and not w.calls[0].cancelled  # the prefill stream read to its end
     stream.close()
     assert_nothing_live(w)
     w.engine.fetch_kv.calls.clear()  # the fake engine's call log is the only other holder
@@ -172,7 +188,7 @@ def test_clean_failure_falls_back_to_a_local_prefill(case):
     assert (t["state"], t["failed_at"], t["fallback"]) == ("FAILED", state, True)
     assert w.decode_opens[-1] == {}  # the fallback: an ordinary thinker open
     assert stream._gens[0][1] is w.calls[-1]
-    assert all(c.cancelled for c in w.calls[:-1])  # every hand-off call was cancelled
+    assert all(c.settled for c in w.calls[:-1])  # every hand-off call cancelled or read out
     stream.close()
     assert_nothing_live(w)
     w.engine.fetch_kv.calls.clear()
@@ -186,7 +202,7 @@ def test_error_policy_ends_the_request_naming_the_state(case):
     with pytest.raises(StageError, match=f"KV hand-off failed at {state}") as err:
         w.open()
     assert err.value.stage == "thinker"
-    assert all(c.cancelled for c in w.calls)
+    assert all(c.settled for c in w.calls)
     assert len(w.decode_opens) <= 1
     assert_nothing_live(w)
     assert w.client.stats()["kv_failed"] == 1
@@ -199,7 +215,7 @@ def test_an_ambiguous_load_never_falls_back(load):
     with pytest.raises(StageError, match="KV hand-off failed at TRANSFERRED"):
         w.open()
     assert w.transfer()["fallback"] is False and len(w.decode_opens) == 1
-    assert all(c.cancelled for c in w.calls)
+    assert all(c.settled for c in w.calls)
     assert_nothing_live(w)
 
 
@@ -214,7 +230,8 @@ def test_abort_at_each_state_cancels_everything(state):
         assert t["state"] == "RELEASED"
     else:
         assert (t["state"], t["failed_at"]) == ("ABORTED", state)
-    assert w.calls and all(c.cancelled for c in w.calls)
+    assert w.calls and all(c.settled for c in w.calls)
+    assert w.calls[0].drained  # the prefill stream read to its end, never dropped mid-way
     assert_nothing_live(w)
     w.engine.fetch_kv.calls.clear()
     assert w.ref_dropped()
@@ -233,7 +250,7 @@ def test_client_cancel_mid_transfer_aborts():
     asyncio.run(main())
     t = w.transfer()
     assert (t["state"], t["failed_at"]) == ("ABORTED", "EXTRACTED")
-    assert all(c.cancelled for c in w.calls)
+    assert all(c.settled for c in w.calls)
     assert_nothing_live(w)
 
 

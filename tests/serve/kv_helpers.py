@@ -20,7 +20,8 @@ STATES = ["REQUESTED", "HELD", "EXTRACTED", "TRANSFERRED", "LOADED", "RELEASED"]
 FAILURES = {"prefill_dies": "HELD", "extract_fails": "HELD", "transfer_timeout": "EXTRACTED",
             "load_fails": "TRANSFERRED"}
 BUSY_KEYS = ("requests", "runner_requests", "senders_in_flight", "held_chunks", "kv_held",
-             "kv_waiting", "kv_refs_owned", "kv_transfers_live", "kv_refs_held")
+             "kv_waiting", "kv_refs_owned", "kv_transfers_live", "kv_refs_held",
+             "kv_streams_draining")
 
 
 def kv_args(model_dir: str, **over) -> dict:

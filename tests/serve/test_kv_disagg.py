@@ -109,6 +109,21 @@ def test_abort_at_each_state_releases_everything(kv_url, reference, state):
     same_answer(ask(kv_url), reference[(("text", "audio"), False)])  # and the app is fine after
 
 
+def test_abort_with_the_saved_kv_unread_releases_it(kv_url, reference):
+    """The client leaves after the sender saved the KV and before the ingress read its handle:
+    the EXTRACTED item, holding the object's ref, is still in the prefill stream. Nothing may
+    keep the object alive (the race behind a CI failure of test_kv_disagg_state, session 20)."""
+    for _ in range(3):
+        before = kv_counts(kv_url)
+        r = httpx.post(f"{kv_url}/v1/chat/completions", json=body(),
+                       headers={"x-omni-kv-fault": "abort_unread"}, timeout=120)
+        assert r.status_code == 500, r.text
+        assert "saved KV unread" in r.json()["error"]["message"]
+        assert kv_counts(kv_url)["kv_aborted"] == before["kv_aborted"] + 1
+        assert wait_clean(kv_url) == {}
+    same_answer(ask(kv_url), reference[(("text", "audio"), False)])
+
+
 def test_bad_kv_fault_header_is_400(kv_url):
     r = httpx.post(f"{kv_url}/v1/chat/completions", json=body(),
                    headers={"x-omni-kv-fault": "abort_at:NEVER"}, timeout=30)
