@@ -29,6 +29,7 @@ from omni_ray.payload import decode_chunk, encode_chunk
 from omni_ray.pipeline.build import build_stage_logic
 from omni_ray.runners.factory import warm_up_runner
 from omni_ray.pipeline.emit import Emit, StageRequestError
+from omni_ray.stages import gc_clock
 from omni_ray.stages.gpu_start import gpu_start_turn
 from omni_ray.stages.step_trace import StepTrace
 from omni_ray.stages.tombstones import Tombstones
@@ -79,6 +80,8 @@ class StageEngine:
                                  warm_up_s=round(time.perf_counter() - t2, 2),
                                  **getattr(self.logic.runner, "start_phases", {}))
         logging.getLogger("omni_ray").info("%s engine: start phases %s", stage, self.start_phases)
+        gc_clock.install()  # each step record says how much of it was garbage collection
+        gc_clock.freeze()  # what the start built is never walked again (stages/gc_clock.py)
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._reqs: dict[str, _ReqState] = {}
         self._aborted = Tombstones()  # aborts that came before their request
@@ -291,7 +294,8 @@ class StageEngine:
                     pipeline={k: getattr(self.pipeline, k) for k in LIVE_FIELDS})
 
     def _runner_time(self) -> dict:
-        return dict(getattr(self.logic.runner, "time_spent", None) or {})
+        """The runner's ``time_spent`` counters and this process's garbage collection's."""
+        return {**(getattr(self.logic.runner, "time_spent", None) or {}), **gc_clock.totals()}
 
     async def steps(self, since: float = 0.0, limit: int = 2000) -> dict:
         """This engine's steps that began at or after wall time ``since`` (the last ``limit``;
