@@ -665,7 +665,8 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
     from benchmarks.serve_bench import bench
 
     a, b = chk.args, BENCH[chk.args.device]
-    conc = [int(c) for c in a.concurrency.split(",")] if a.concurrency else b["concurrency"]
+    levels_arg = (a.ab_concurrency or a.concurrency) if tag else a.concurrency
+    conc = [int(c) for c in levels_arg.split(",")] if levels_arg else b["concurrency"]
     args = cfg["applications"][0]["args"]
     setup = dict(config=str(BASE_CONFIG.relative_to(REPO_ROOT)), shape=shape,
                  model=args["model"], max_tokens=b["max_tokens"], max_audio_frames=b["frames"],
@@ -1023,7 +1024,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rate-requests", type=int, default=24, help="requests per rate")
     ap.add_argument("--rate-prompt-words", default="32,2000",
                     help="mixed prompts: words per prompt, log-uniform in LO,HI")
-    ap.add_argument("--concurrency", default="", help="standin bench levels (cuda 1,8,32; cpu 1,2)")
+    ap.add_argument("--concurrency", default="", help="standin bench levels (cuda 1,8,32; cpu 1,2); "
+                    "a level named twice runs twice (the first burst of 32 is the engines' first)")
+    ap.add_argument("--ab-concurrency", default="", help="the --ab variants' levels (default: "
+                    "--concurrency's), e.g. 8,32 to spend a short device lease on the levels a "
+                    "variant is for")
     ap.add_argument("--torch-profile", type=int, default=0, metavar="C",
                     help="standin: after the bench, one more level at concurrency C with a "
                          "torch.profiler capture of every stage's steps (gpu_profile.json)")
