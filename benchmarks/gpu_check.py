@@ -866,7 +866,9 @@ def phase_codepred(chk: Check) -> None:
         return
     from benchmarks import code_predictor_bench
 
-    res = code_predictor_bench.main(["--batches", "1,8,32", "--out-dir", str(chk.args.out)])
+    res = code_predictor_bench.main(["--batches", "1,8,32", "--out-dir", str(chk.args.out)]
+                                    + (["--compile", "--modes", chk.args.codepred_modes]
+                                       if chk.args.codepred_modes else []))
     chk.data["phases"]["codepred"] = res
     for mode, m in res["modes"].items():
         same = m.get("codes_equal_fraction")
@@ -1029,6 +1031,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ab-concurrency", default="", help="the --ab variants' levels (default: "
                     "--concurrency's), e.g. 8,32 to spend a short device lease on the levels a "
                     "variant is for")
+    ap.add_argument("--codepred-modes", default="", help="codepred phase: only these modes of "
+                    "benchmarks/code_predictor_bench.py, compiled ones included (default: the "
+                    "eager-graph modes)")
     ap.add_argument("--torch-profile", type=int, default=0, metavar="C",
                     help="standin: after the bench, one more level at concurrency C with a "
                          "torch.profiler capture of every stage's steps (gpu_profile.json)")

@@ -196,11 +196,13 @@ def test_compiled_decoder_picks_the_same_codes(talker_parts):
     ``CodePredictorGraphs`` compiles it (dynamic shapes, whole graph: a graph break raises), picks
     the codes the eager decoder picks, for a single request and a batch (on CPU: inductor's C++
     kernels; the GPU check runs the Triton ones inside the graphs)."""
-    from omni_ray.runners.transformers.code_predictor_graph import decoder_layers
+    from omni_ray.runners.transformers.code_predictor_graph import decoder_layers, head_step
 
     talker = _deeper(talker_parts.module)
     graphs = CodePredictorGraphs(talker, "cpu", torch.float32, compile=True, fuse=True)
-    assert graphs.decoder is not decoder_layers
+    assert graphs.decoder is not decoder_layers and graphs.head is not head_step
+    assert CodePredictorGraphs(talker, "cpu", torch.float32, compile=True,
+                               compile_head=False).head is head_step
     cp = talker.code_predictor.model.config
     gen = torch.Generator().manual_seed(0)
     runs = []
@@ -214,7 +216,8 @@ def test_compiled_decoder_picks_the_same_codes(talker_parts):
                    torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim))
                   for _ in range(cp.num_hidden_layers)]
             runs[-1].append(lambda kv=kv, d=decoder, ls=layers, h=hidden, c=code0: static_codes(
-                talker, h, c, kv, decoder=d, layers=ls))
+                talker, h, c, kv, decoder=d, layers=ls,
+                head=head_step if d is decoder_layers else graphs.head))
     # one layer kind per compile, as in a stage (the two kinds together pass dynamo's limit)
     out = [[run() for run in kinds[:2]] for kinds in runs]
     torch._dynamo.reset()
@@ -224,6 +227,32 @@ def test_compiled_decoder_picks_the_same_codes(talker_parts):
         for other in others:
             assert torch.equal(eager[0], other[0])
             torch.testing.assert_close(eager[1], other[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@torch.inference_mode()
+def test_compiled_head_draws_what_the_eager_head_draws(talker_parts):
+    """Sampled frames: each step's compiled ``head_step`` (head, top-k/top-p filter, the
+    exponential race, embedding) picks the codes the eager one picks from the same Exp(1)
+    variates; one compile serves every step and both batch sizes past the first."""
+    from omni_ray.runners.transformers.code_predictor_graph import head_step
+
+    talker = _deeper(talker_parts.module)
+    compiled = torch.compile(head_step, dynamic=True, fullgraph=True)
+    cp = talker.code_predictor.model.config
+    gen = torch.Generator().manual_seed(1)
+    for batch in (1, 3):
+        hidden = torch.randn(batch, 1, talker.config.text_config.hidden_size, generator=gen)
+        code0 = torch.randint(0, 2048, (batch,), generator=gen)
+        got = []
+        for head in (head_step, compiled):
+            kv = [(torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim),
+                   torch.zeros(batch, cp.num_key_value_heads, 16, cp.head_dim))
+                  for _ in range(cp.num_hidden_layers)]
+            torch.manual_seed(batch)  # the same variates for both
+            got.append(static_codes(talker, hidden, code0, kv, sample=True, head=head))
+        assert torch.equal(got[0][0], got[1][0])
+        torch.testing.assert_close(got[0][1], got[1][1], atol=1e-5, rtol=1e-5)
 
 
 def test_fused_layers_share_the_modules_and_concatenate_the_weights(talker_parts):

@@ -57,14 +57,29 @@ def top_k_top_p(logits: torch.Tensor, top_k: int = CP_TOP_K,
     return torch.full_like(logits, float("-inf")).scatter(-1, ids, top)
 
 
-def _pick(logits: torch.Tensor, sample: bool, width: int = CANDIDATES) -> torch.Tensor:
+def _pick(logits: torch.Tensor, sample: bool, width: int = CANDIDATES,
+          noise: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, V] logits -> codes [B]: greedy, or drawn among ``candidates``. ``noise``: the draw's
+    Exp(1) variates [B, width] (drawn here when None)."""
     if not sample:
         return logits.argmax(-1)
     top, ids = candidates(logits.float(), width=width)
     probs = top.softmax(-1)
+    if noise is None:
+        noise = torch.empty_like(probs).exponential_()
     # Exponential race: argmax(p / E), E ~ Exp(1), is a draw from p (no host sync, graph-safe).
-    won = (probs / torch.empty_like(probs).exponential_()).argmax(-1, keepdim=True)
+    won = (probs / noise).argmax(-1, keepdim=True)
     return ids.gather(-1, won).squeeze(-1)
+
+
+def head_step(head_weight: torch.Tensor, embed_weight: torch.Tensor, h: torch.Tensor,
+              sample: bool, width: int, noise: torch.Tensor | None):
+    """One codebook step's end: its head over the last position ``h`` [B, D], the pick, and the
+    picked code's embedding -> (codes [B], embedding [B, 1, D]). A function of tensors only, so
+    ``CodePredictorGraphs`` compiles it once for all 15 steps: eager, the head, the candidates'
+    filter and the draw are ~18 kernels a step, more than the decoder's share of the step."""
+    code = _pick(F.linear(h, head_weight), sample, width, noise)
+    return code, F.embedding(code, embed_weight).unsqueeze(1)
 
 
 class FusedLayer(torch.nn.Module):
@@ -126,22 +141,26 @@ def rope_steps(talker, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Ten
 
 def static_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
                  kv: list[tuple[torch.Tensor, torch.Tensor]], sample: bool = False,
-                 decoder=None, layers=None, sample_width: int = CANDIDATES, rope=None):
+                 decoder=None, layers=None, sample_width: int = CANDIDATES, rope=None,
+                 head=None):
     """codes [B, G] (codebook 0 = ``code0``, 1..G-1 greedy, or sampled if ``sample``) and the
     summed embedding [B, 1, D] of the G codes, from ``past_hidden`` [B, 1, D] and ``code0`` [B].
     ``kv``: per layer (keys, values) buffers [B, kv_heads, G, head_dim], overwritten.
     ``decoder``: ``decoder_layers`` or a compiled copy of it (``CompiledDecoder``); ``layers``:
     the decoder layers it runs (default transformers' own; ``fused_layers`` for fewer GEMMs);
     ``sample_width``: sampled codes are drawn among this many candidates (``candidates``);
-    ``rope``: ``rope_steps``' tables (default: computed here, step by step)."""
+    ``rope``: ``rope_steps``' tables (default: computed here, step by step); ``head``:
+    ``head_step`` or a compiled copy of it."""
     cp = talker.code_predictor
     model = cp.model
     decoder = decoder or decoder_layers
+    head = head or head_step
     layers = layers or tuple(model.layers[:model.config.num_hidden_layers])
     groups = len(cp.lm_head) + 1
     e0 = talker.get_input_embeddings()(code0).unsqueeze(1)            # [B, 1, D]
     x = torch.cat([past_hidden, e0], dim=1)                           # [B, 2, D]
     rope = rope or rope_steps(talker, x)
+    width = min(sample_width, cp.lm_head[0].out_features)
     embed_sum = e0
     codes = [code0]
     start = 0
@@ -149,9 +168,13 @@ def static_codes(talker, past_hidden: torch.Tensor, code0: torch.Tensor,
         length = x.shape[1]
         cos, sin = rope[step - 1]
         h = decoder(layers, model.norm, x, cos, sin, kv, start, step == 1)
-        code = _pick(cp.lm_head[step - 1](h[:, -1]), sample, sample_width)  # [B]
+        # the draw's variates outside ``head`` (a compiled head's RNG would be fixed at the
+        # graph's capture); every input fresh and contiguous: one compile serves all steps
+        noise = (torch.empty((x.shape[0], width), device=x.device,
+                             dtype=torch.float32).exponential_() if sample else None)
+        code, emb = head(cp.lm_head[step - 1].weight, model.get_input_embeddings()[step - 1].weight,
+                         h[:, -1].contiguous(), sample, width, noise)
         codes.append(code)
-        emb = model.get_input_embeddings()[step - 1](code).unsqueeze(1)
         embed_sum = embed_sum + emb
         start += length
         x = emb
@@ -194,11 +217,12 @@ class CodePredictorGraphs:
     With ``fuse`` (``StageConfig.fused_code_predictor``), the layers run ``FusedLayer``'s GEMMs.
     With ``compile``, the decoder layers inside the graph are ``torch.compile``'d first (one
     dynamic-shape compile serves every bucket): a graph of 15 steps x 5 layers of tiny eager
-    ops is ~4,500 kernels, latency-bound even replayed; fused, it is a fraction of that. Should
-    the compile or its capture fail, the graphs fall back to the eager decoder (logged)."""
+    ops is ~4,500 kernels, latency-bound even replayed; fused, it is a fraction of that. Each
+    step's ``head_step`` (head, filter, draw, embedding) is compiled the same way. Should the
+    compile or its capture fail, the graphs fall back to the eager decoder and head (logged)."""
 
     def __init__(self, talker, device: str, dtype: torch.dtype, compile: bool = False,
-                 fuse: bool = False, sample_width: int = CANDIDATES):
+                 fuse: bool = False, sample_width: int = CANDIDATES, compile_head: bool = True):
         cfg = talker.code_predictor.model.config
         self.talker = talker
         self.device = device
@@ -214,6 +238,10 @@ class CodePredictorGraphs:
         self.sample_width = sample_width  # a sampled code's candidates (codebook size: all)
         self.decoder = (torch.compile(decoder_layers, dynamic=True, fullgraph=True) if compile
                         else decoder_layers)
+        # each step's head, filter, draw and embedding compiled too (fewer kernels a step);
+        # ``compile_head=False`` keeps them eager (benchmarks/code_predictor_bench.py's A/B)
+        self.head = (torch.compile(head_step, dynamic=True, fullgraph=True)
+                     if compile and compile_head else head_step)
         # the steps' rotary tables, outside every graph (the same for all buckets and frames)
         with torch.inference_mode():
             self.rope = rope_steps(talker, torch.empty(0, device=device, dtype=dtype))
@@ -243,19 +271,22 @@ class CodePredictorGraphs:
         return codes[:n].clone(), embed_sum[:n].clone()
 
     def _capture(self, bucket: int, sample: bool = False):
-        if self.decoder is decoder_layers:
-            return self._capture_with(bucket, sample)
-        try:
-            return self._capture_with(bucket, sample)
-        except Exception as e:  # noqa: BLE001 - a compiler failure costs speed, not the stage
-            import logging
+        while True:
+            try:
+                return self._capture_with(bucket, sample)
+            except Exception as e:  # noqa: BLE001 - a compiler failure costs speed, not the stage
+                if self.head is not head_step:  # the newer compile goes first
+                    what, self.head = "head", head_step
+                elif self.decoder is not decoder_layers:
+                    what, self.decoder = "decoder", decoder_layers
+                else:
+                    raise
+                import logging
 
-            logging.getLogger(__name__).warning(
-                "code predictor: compiled decoder failed (%s: %s); eager kernels in the graphs",
-                type(e).__name__, e)
-            self.decoder = decoder_layers
-            torch.cuda.synchronize()
-            return self._capture_with(bucket, sample)
+                logging.getLogger(__name__).warning(
+                    "code predictor: compiled %s failed (%s: %s); eager kernels for it in the "
+                    "graphs", what, type(e).__name__, e)
+                torch.cuda.synchronize()
 
     @torch.inference_mode()
     def _capture_with(self, bucket: int, sample: bool):
@@ -270,14 +301,14 @@ class CodePredictorGraphs:
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up (allocations, lazy inits, compiles) outside the graph
                 static_codes(self.talker, hid, c0, kv, sample, self.decoder, self.fused,
-                             self.sample_width, self.rope)
+                             self.sample_width, self.rope, self.head)
         stream.synchronize()  # at start only: the runs' GPU time counted with them
         t1 = time.perf_counter()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             codes, embed_sum = static_codes(self.talker, hid, c0, kv, sample, self.decoder,
-                                            self.fused, self.sample_width, self.rope)
+                                            self.fused, self.sample_width, self.rope, self.head)
         self._pool = graph.pool()
         self.timing["runs_s"] += t1 - t0
         self.timing["captures_s"] += time.perf_counter() - t1
