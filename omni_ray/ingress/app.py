@@ -83,6 +83,21 @@ HEALTH_TIMEOUT_S = 2.0
 # POST /debug/pipeline asks each stage until this many calls in a row reach no new engine (Serve
 # routes a call to one replica: two replicas are all reached with p > 0.9999), or this many.
 TUNE_QUIET_CALLS, TUNE_MAX_ENGINES = 12, 64
+TIMELINE_CALLS = 16  # asks of one stage for its marks, at most (2 replicas: one missed 2^-16)
+
+
+async def _every_replicas_marks(handle, ids: list[str]) -> dict[str, dict[str, float]]:
+    """A stage's marks of these requests from all its replicas: Serve routes each call to one
+    replica (the least busy, so a level's idle replica oftener than not), so ask until every
+    request was found or ``TIMELINE_CALLS`` calls were made (a text-only request never reaches
+    code2wav)."""
+    merged: dict[str, dict[str, float]] = {}
+    for _ in range(TIMELINE_CALLS):
+        for rid, marks in (await handle.request_timeline.remote(ids)).items():
+            merged.setdefault(rid, {}).update(marks)
+        if len(merged) == len(set(ids)):
+            break
+    return merged
 
 
 class OmniIngress:
@@ -246,7 +261,7 @@ class OmniIngress:
         stage noted (wall-clock seconds; omni_ray/timeline.py): where the first audio went."""
         self._debug_on()
         ids = self.timeline.recent(limit)
-        stages = await asyncio.gather(*(h.request_timeline.remote(ids)
+        stages = await asyncio.gather(*(_every_replicas_marks(h, ids)
                                         for h in self.stage_handles.values()))
         out = {rid: {"ingress": m} for rid, m in self.timeline.get(ids).items()}
         for name, marks in zip(self.stage_handles, stages):
