@@ -9,11 +9,8 @@ import gc
 import pytest
 import ray
 
-from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.request import OmniRequest
-from omni_ray.config.serving import StageConfig
 from omni_ray.stages import gc_clock
-from omni_ray.stages.engine import StageEngine
 
 
 class _Node:
@@ -42,12 +39,8 @@ def test_collections_are_timed_by_generation():
 
 
 @pytest.fixture(scope="module")
-def engine(ray_cluster, tiny_model_dir):
-    e = ray.remote(StageEngine).options(num_cpus=0).remote(
-        "thinker", tiny_model_dir, StageConfig(), PipelineConfig())
-    ray.get(e.ready.remote())
-    yield e
-    ray.kill(e)
+def engine(thinker_engine):
+    return thinker_engine
 
 
 def test_step_records_carry_the_collections_inside_them(engine):

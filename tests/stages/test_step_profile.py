@@ -8,19 +8,12 @@ import time
 import pytest
 import ray
 
-from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.request import OmniRequest
-from omni_ray.config.serving import StageConfig
-from omni_ray.stages.engine import StageEngine
 
 
 @pytest.fixture(scope="module")
-def engine(ray_cluster, tiny_model_dir):
-    e = ray.remote(StageEngine).options(num_cpus=0).remote(
-        "thinker", tiny_model_dir, StageConfig(), PipelineConfig())
-    ray.get(e.ready.remote())
-    yield e
-    ray.kill(e)
+def engine(thinker_engine):
+    return thinker_engine
 
 
 def _run(engine, rid: str, tokens: int):
