@@ -16,8 +16,9 @@ on a decode replica (``fallback: local_prefill``, same answer) or ends the reque
 ``StageError`` naming the state (``fallback: error``). When the ingress cannot know whether the
 decode runner started (its own timeout on ``load_kv``, the decode engine died), it always ends
 the request: a second thinker stream into the same talker would duplicate chunks. The ingress
-never asks the sender to release anything; any abort or failure only drops the ingress's ref and
-cancels the calls it made.
+never asks the sender to release anything; any abort or failure only drops the ingress's ref,
+cancels the decode call it made and reads the prefill stream to its end in the background
+(``_drain``: a stream dropped half-read can keep the KV object referenced).
 """
 
 from __future__ import annotations
