@@ -221,7 +221,7 @@ def test_an_ambiguous_load_never_falls_back(load):
 
 @pytest.mark.parametrize("state", ["REQUESTED", "HELD", "EXTRACTED", "TRANSFERRED", "LOADED",
                                    "RELEASED"])
-def test_abort_at_each_state_cancels_everything(state):
+def test_abort_at_each_state_settles_every_call(state):
     w = World()
     with pytest.raises(KVInjectedAbort, match=f"aborted at {state}"):
         w.open(f"abort_at:{state}")

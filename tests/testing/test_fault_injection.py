@@ -28,8 +28,10 @@ def test_headers_are_read_only_when_allowed():
     assert faults.requested({}, allowed=True) == (None, None)
 
 
-def test_hooks_do_nothing_without_their_fault():
+def test_hooks_do_nothing_without_their_fault(monkeypatch):
+    monkeypatch.setattr(faults, "SAVE_LANDS_S", 0.01)
     for kind in (None, *faults.FAULT_KINDS):
+        assert asyncio.run(faults.abort_unread(kind)) == (kind == "abort_unread")
         assert faults.extract_fails(kind) == (kind == "extract_fails")
         assert faults.load_fails(kind) == (kind == "load_fails")
         assert faults.transfer_delay_s(kind, 10.0) == (11.0 if kind == "transfer_timeout" else 0.0)
