@@ -132,6 +132,34 @@ def test_a_replayed_frame_equals_the_eager_frame_on_cuda(talker_parts, batch):
     assert torch.equal(emb, emb_again)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+@torch.inference_mode()
+def test_a_replayed_compiled_head_draws_what_the_eager_head_draws_on_cuda(talker_parts):
+    """The compiled ``head_step`` captured in the graphs (the GPU default with compile_graphs)
+    samples the codes the eager head samples in the same graphs: the replays are seeded alike,
+    and the Exp(1) variates are drawn outside the head, so both read the same ones (float32)."""
+    from omni_ray.runners.transformers.code_predictor_graph import head_step
+
+    talker = _deeper(talker_parts.module).cuda()
+    eager = CodePredictorGraphs(talker, "cuda", torch.float32, fuse=True)
+    compiled = CodePredictorGraphs(talker, "cuda", torch.float32, fuse=True)
+    compiled.head = torch.compile(head_step, dynamic=True, fullgraph=True)
+    for batch in (1, 4):
+        gen = torch.Generator(device="cuda").manual_seed(batch)
+        hidden = torch.randn(batch, 1, talker.config.text_config.hidden_size, device="cuda",
+                             generator=gen)
+        code0 = torch.randint(0, 2048, (batch,), device="cuda", generator=gen)
+        got = []
+        for graphs in (eager, compiled):
+            graphs(hidden, code0, sample=True)  # captured at the first call
+            torch.manual_seed(100 + batch)
+            got.append(graphs(hidden, code0, sample=True))
+        assert compiled.head is not head_step  # no fallback to the eager head
+        assert torch.equal(got[0][0], got[1][0])
+        torch.testing.assert_close(got[0][1], got[1][1], atol=1e-5, rtol=1e-5)
+
+
 def test_graphs_are_off_on_cpu_and_refuse_to_capture_without_cuda(talker_parts):
     inputs = TalkerInputs(talker_parts.module, talker_parts.text_embedding, talker_parts.config)
     assert inputs.cp_graphs is None
