@@ -13,7 +13,8 @@ Mode = Literal["sync", "async_chunk"]
 # The fields a running Serve app can change (``POST /debug/pipeline``; gpu_check's A/B variants
 # of only these run on the base's engines, no restart): each is read per request or per message
 # by the stage engine or logic, not built into a runner at its start.
-LIVE_FIELDS = ("coalesce_pushes", "stream_interval_ms", "text_chunk_ms", "max_chunks_in_flight")
+LIVE_FIELDS = ("coalesce_pushes", "stream_interval_ms", "text_chunk_ms", "max_chunks_in_flight",
+               "code2wav_urgent_ms")
 
 
 class PipelineConfig(BaseModel):

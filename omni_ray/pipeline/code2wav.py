@@ -47,6 +47,9 @@ class Code2WavLogic(StageLogic):
         self._plays_out: dict[str, float] = {}  # when the audio sent so far has played
         self._fail: set[str] = set()
 
+    def tune(self, pipeline) -> None:
+        self.urgent_s = pipeline.code2wav_urgent_ms / 1000  # weighed again at the next step
+
     def check(self, req: OmniRequest, has_downstream: bool) -> bool:
         return True  # any request id the engine took is fine here
 

@@ -50,6 +50,10 @@ class StageLogic:
     def _forget(self, rid: str) -> None: ...
     def _on_output(self, out) -> list[Emit]: return []
 
+    def tune(self, pipeline) -> None:
+        """The running app's live pipeline fields (``config/pipeline.LIVE_FIELDS``) changed:
+        a stage that reads one of them takes ``pipeline``'s from its next step or request."""
+
     def step(self) -> list[Emit]:
         """Injected faults, then one runner step: a failed request's output becomes its error
         emit, every other output goes to ``_on_output`` (the stage's routing)."""

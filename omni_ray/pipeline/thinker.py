@@ -36,6 +36,9 @@ class ThinkerLogic(StageLogic):
         self._fail: set[str] = set()
         self._given: dict[str, _GivenAnswer] = {}  # answers given: emitted at the next step
 
+    def tune(self, pipeline: PipelineConfig) -> None:
+        self.pipeline = pipeline  # text_chunk_ms: for the requests added from now on
+
     def add(self, req: OmniRequest, has_downstream: bool) -> None:
         if req.answer_token_ids is not None:  # text to speech: no model step
             self._given[req.request_id] = _GivenAnswer(

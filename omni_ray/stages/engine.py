@@ -288,8 +288,7 @@ class StageEngine:
         from omni_ray.config.pipeline import LIVE_FIELDS
 
         self.pipeline = self.pipeline.tuned(fields)
-        if getattr(self.logic, "pipeline", None) is not None:  # the thinker's text_chunk_ms
-            self.logic.pipeline = self.pipeline
+        self.logic.tune(self.pipeline)  # the thinker's text_chunk_ms, code2wav's urgent_ms
         return dict(stage=self.stage, actor_id=ray.get_runtime_context().get_actor_id(),
                     pipeline={k: getattr(self.pipeline, k) for k in LIVE_FIELDS})
 

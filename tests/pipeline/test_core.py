@@ -534,6 +534,30 @@ def test_a_stream_about_to_run_dry_is_decoded_before_streams_with_audio_in_hand(
     assert c2w.request_ids() == [] and c2w._plays_out == {}
 
 
+def test_urgent_ms_changes_live_for_the_next_step():
+    """``code2wav_urgent_ms`` is a live field (``POST /debug/pipeline``): ``tune`` changes
+    which pending chunk goes first at the next step, on the running logic."""
+    from omni_ray.config.pipeline import PipelineConfig
+
+    clock = [0.0]
+    c2w = Code2WavLogic(FakeCode2Wav(), sample_rate=SAMPLES_PER_FRAME, clock=lambda: clock[0],
+                        max_batch=4)
+    for rid in "ab":
+        c2w.add(req(rid), False)
+        c2w.on_chunk(_codec(rid, 0, 0, 1))
+    while c2w.has_work():
+        c2w.step()
+    c2w.on_chunk(_codec("a", 1, 1, 25))
+    c2w.step()  # a: 26 s of audio out, b: 1 s
+    clock[0] = 0.5
+    c2w.on_chunk(_codec("a", 2, 26, 25, finished=True))
+    c2w.on_chunk(_codec("b", 1, 1, 2, finished=True))
+    c2w.tune(PipelineConfig(code2wav_urgent_ms=2000))  # b plays out within 2 s: b first
+    assert [e.request_id for e in c2w.step()] == ["b"]
+    c2w.tune(PipelineConfig())  # back to 0 (nothing late): the rest in one round
+    assert [e.request_id for e in c2w.step()] == ["a"]
+
+
 def test_a_late_streams_player_restarts_at_its_late_audio():
     """The player waits when the next piece is late, then plays it whole: a stream whose audio
     ran out at 1 s and got a frame (1 s) at 5 s plays out at 6 s, so at 5.5 s it is not late

@@ -69,6 +69,7 @@ def test_the_pushes_change_live_and_bad_fields_are_4xx(serve_urls, offline):
         engines = r.json()
         assert set(engines) == {"thinker", "talker", "code2wav"}
         assert all(live["coalesce_pushes"] is False and live["stream_interval_ms"] == 20
+                   and live["code2wav_urgent_ms"] == 0
                    for stage in engines.values() for live in stage.values()), engines
         prof, got = _answer_all(url)
         talker = prof["talker"]
