@@ -98,9 +98,11 @@ def _text_tokens(usage) -> int | None:
 
 def offline_answers(model_dir: str, device: str, pipeline: dict, todo: dict, max_tokens: int,
                     frames: int, dtype: str | None = None) -> dict:
-    """The offline transformers pipeline's greedy answer to each case: text, pcm16 int16."""
+    """The offline transformers pipeline's greedy answer to each case: text, pcm16 int16, the
+    text's token ids and each one's top-two logit margin with its bf16 bound (``margins``)."""
     import torch
 
+    from benchmarks.thinker_margins import recording_margins
     from omni_ray.audio import to_pcm16
     from omni_ray.config.pipeline import PipelineConfig
     from omni_ray.config.request import OmniRequest
@@ -126,10 +128,12 @@ def offline_answers(model_dir: str, device: str, pipeline: dict, todo: dict, max
             req = omni.request([{"role": "user", "content": [
                 {"type": "audio", "audio": speech}, {"type": "text", "text": QUESTION}]}],
                 **fields)
-        o = omni.generate(req)[0]
+        with recording_margins() as margins:  # where the reference itself is a near-tie
+            o = omni.generate(req)[0]
         pcm = np.frombuffer(to_pcm16(o.audio), dtype="<i2") if o.audio.numel() else None
         text = "" if kw.get("speech") is not None else o.text  # the speech API returns no text
-        out[name] = dict(text=text, pcm=pcm, frames=int(o.codec_frames.shape[0]))
+        out[name] = dict(text=text, pcm=pcm, frames=int(o.codec_frames.shape[0]),
+                         token_ids=list(o.text_token_ids), margins=list(margins))
     omni.shutdown()
     del omni
     if device != "cpu":
@@ -140,7 +144,9 @@ def offline_answers(model_dir: str, device: str, pipeline: dict, todo: dict, max
 def compare_answers(ref: dict, got: dict, tokenize, exact: bool) -> dict:
     """``got`` (the app's) against ``ref`` (offline): first differing text token and 80 ms frame,
     PCM max |diff|. ``exact`` (float32): same text, same length, PCM within ``PCM16_LSB``; else
-    (bfloat16) the first ``BF16_MIN_EQUAL_TEXT_TOKENS`` text tokens equal."""
+    (bfloat16) the first ``BF16_MIN_EQUAL_TEXT_TOKENS`` text tokens equal, or the texts part
+    sooner at a token where ``ref`` itself was a near-tie (its top-two margin within bf16's
+    rounding: ``ref_margin_at_diff``; ``ref`` with ``token_ids`` and ``margins``)."""
     rt, gt = tokenize(ref["text"]), tokenize(got["text"])
     first_tok = next((i for i, (a, b) in enumerate(zip(rt, gt)) if a != b), min(len(rt), len(gt)))
     if first_tok == len(rt) == len(gt):
@@ -160,8 +166,23 @@ def compare_answers(ref: dict, got: dict, tokenize, exact: bool) -> dict:
     if exact:
         res["ok"] = res["same_text"] and audio_ok
     else:
-        res["ok"] = res["same_text"] or (first_tok or 0) >= BF16_MIN_EQUAL_TEXT_TOKENS
+        tie = near_tie_at(ref, rt, first_tok)
+        if tie is not None:
+            res["ref_margin_at_diff"] = tie
+        res["ok"] = (res["same_text"] or (first_tok or 0) >= BF16_MIN_EQUAL_TEXT_TOKENS
+                     or bool(tie and tie[0] <= tie[1]))
     return res
+
+
+def near_tie_at(ref: dict, ref_tokens: list[int], index: int | None) -> tuple[float, float] | None:
+    """(margin, bf16 bound) of ``ref``'s token ``index`` as it was sampled, where the text's
+    tokens are the ones sampled (re-tokenizing may merge them otherwise: then None)."""
+    margins, ids = ref.get("margins"), ref.get("token_ids")
+    if index is None or not margins or ids is None or index >= len(margins):
+        return None
+    if list(ids[:index + 1]) != list(ref_tokens[:index + 1]):
+        return None
+    return tuple(round(x, 6) for x in margins[index])
 
 
 def audio_frames(samples: int) -> float:

@@ -292,7 +292,9 @@ def _cmp_numbers(c: dict) -> str:
         return c["error"]
     return (f"text tokens {c['text_tokens']}, first text diff {c['first_text_diff']}, "
             f"samples {c.get('samples')}/{c.get('ref_samples')}, first frame diff "
-            f"{c.get('first_frame_diff')}, pcm max diff {c.get('pcm_max_diff')}")
+            f"{c.get('first_frame_diff')}, pcm max diff {c.get('pcm_max_diff')}"
+            + (f", offline's top-two margin there {c['ref_margin_at_diff'][0]:g} (bf16 bound "
+               f"{c['ref_margin_at_diff'][1]:g})" if c.get("ref_margin_at_diff") else ""))
 
 
 def phase_standin(chk: Check) -> None:

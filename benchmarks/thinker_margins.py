@@ -13,49 +13,44 @@ margin beside that bound: a margin under its bound says where the two bf16 answe
 from __future__ import annotations
 
 import argparse
+import contextlib
 from unittest import mock
 
 import torch
 
 import omni_ray.runners.transformers.thinker as thinker_runner
-from benchmarks.answers import PROMPT, QUESTION
 from benchmarks.client import spoken_question
 
 
-def margins(model_dir: str, tokens: int) -> dict[str, list[tuple[float, float]]]:
-    """{case: [(top-1 minus top-2 logit, bf16 bound max|logit| * 2**-8) per answer token]}."""
-    from omni_ray.config.request import OmniRequest
-    from omni_ray.inputs.audio import decode_audio
-    from omni_ray.offline import Omni
+BF16_BOUND = 2 ** -8  # bf16's 8 mantissa bits: how far a logit of size 1 moves between runs
 
+
+@contextlib.contextmanager
+def recording_margins():
+    """While open, every token the (transformers) thinker samples appends (top-1 minus top-2
+    logit, its bf16 bound ``max|logit| * BF16_BOUND``) to the yielded list."""
     seen: list[tuple[float, float]] = []
     sample = thinker_runner.sample_token
 
     def spy(logits, *args, **kw):
         top = torch.topk(logits.float(), 2).values
-        seen.append((float(top[0] - top[1]), float(logits.float().abs().max()) * 2 ** -8))
+        seen.append((float(top[0] - top[1]), float(logits.float().abs().max()) * BF16_BOUND))
         return sample(logits, *args, **kw)
 
-    omni = Omni(model_dir, mode="async_chunk", device="cpu", dtype=torch.float32)
-    fields = dict(max_tokens=tokens, max_audio_frames=1, speaker="ethan", modalities=("text",))
-    out = {}
-    try:
-        with mock.patch.object(thinker_runner, "sample_token", spy):
-            for case in ("text", "speech-in"):
-                seen.clear()
-                if case == "text":
-                    req = OmniRequest(request_id=case, prompt_token_ids=omni.prompt_ids(PROMPT),
-                                      **fields)
-                else:
-                    speech = decode_audio(spoken_question(1.5), "wav", max_seconds=300)
-                    req = omni.request([{"role": "user", "content": [
-                        {"type": "audio", "audio": speech},
-                        {"type": "text", "text": QUESTION}]}], request_id=case, **fields)
-                omni.generate(req)
-                out[case] = list(seen)
-    finally:
-        omni.shutdown()
-    return out
+    with mock.patch.object(thinker_runner, "sample_token", spy):
+        yield seen
+
+
+def margins(model_dir: str, tokens: int) -> dict[str, list[tuple[float, float]]]:
+    """{case: [(top-1 minus top-2 logit, bf16 bound) per answer token]}: gpu_check's text and
+    speech-in requests, float32 on CPU."""
+    from benchmarks.answers import offline_answers
+
+    todo = {"text": dict(audio=False),
+            "speech-in": dict(audio_in=spoken_question(1.5), audio=False)}
+    refs = offline_answers(model_dir, "cpu", {"mode": "async_chunk"}, todo, tokens, 1,
+                           dtype="float32")
+    return {case: ref["margins"] for case, ref in refs.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:

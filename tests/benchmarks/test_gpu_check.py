@@ -72,6 +72,26 @@ def test_bf16_allowance_is_a_text_prefix():
     assert not c["ok"] and c["first_text_diff"] == n - 1
 
 
+def test_bf16_texts_may_part_sooner_only_where_the_reference_was_a_near_tie():
+    """Parting before ``BF16_MIN_EQUAL_TEXT_TOKENS`` passes only at a token whose top-two margin
+    in the offline answer was within its bf16 bound, and only when that answer's sampled ids
+    are the text's tokens (else the index could point at another token)."""
+    ref = answer("a b c d e f")
+    got = answer("a b x d e f", seed=1)
+    ids = words(ref["text"])
+    margins = [(0.05, 0.002), (0.03, 0.002), (0.0003, 0.0019), (0.04, 0.002)]
+    c = compare_answers(dict(ref, token_ids=ids, margins=margins), got, words, exact=False)
+    assert c["ok"] and c["first_text_diff"] == 2 and c["ref_margin_at_diff"] == (0.0003, 0.0019)
+    decided = [m if i != 2 else (0.01, 0.0019) for i, m in enumerate(margins)]
+    c = compare_answers(dict(ref, token_ids=ids, margins=decided), got, words, exact=False)
+    assert not c["ok"] and c["ref_margin_at_diff"] == (0.01, 0.0019)
+    other_ids = [ids[0], "zz", *ids[2:]]  # sampled ids that re-tokenize otherwise
+    c = compare_answers(dict(ref, token_ids=other_ids, margins=margins), got, words, exact=False)
+    assert not c["ok"] and "ref_margin_at_diff" not in c
+    assert not compare_answers(dict(ref, token_ids=ids, margins=margins), got, words,
+                               exact=True)["ok"]  # float32: exact, no allowance
+
+
 def test_well_formed_audio_is_whole_frames_within_the_limit():
     assert well_formed(answer("hi", frames=1), frames=3, audio=True)[0]
     assert well_formed(answer("hi", frames=3), frames=3, audio=True)[0]
