@@ -145,8 +145,9 @@ def compare_answers(ref: dict, got: dict, tokenize, exact: bool) -> dict:
     """``got`` (the app's) against ``ref`` (offline): first differing text token and 80 ms frame,
     PCM max |diff|. ``exact`` (float32): same text, same length, PCM within ``PCM16_LSB``; else
     (bfloat16) the first ``BF16_MIN_EQUAL_TEXT_TOKENS`` text tokens equal, or the texts part
-    sooner at a token where ``ref`` itself was a near-tie (its top-two margin within bf16's
-    rounding: ``ref_margin_at_diff``; ``ref`` with ``token_ids`` and ``margins``)."""
+    sooner at a token where ``ref`` itself was a near-tie (its top-two margin within one bf16
+    step, ``thinker_margins.BF16_BOUND``: ``ref_margin_at_diff``; ``ref`` with ``token_ids`` and
+    ``margins``)."""
     rt, gt = tokenize(ref["text"]), tokenize(got["text"])
     first_tok = next((i for i, (a, b) in enumerate(zip(rt, gt)) if a != b), min(len(rt), len(gt)))
     if first_tok == len(rt) == len(gt):
