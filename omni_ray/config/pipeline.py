@@ -11,7 +11,7 @@ from omni_ray.config.defaults import (DEFAULT_CODE2WAV_MAX_BATCH, DEFAULT_CODE2W
 
 Mode = Literal["sync", "async_chunk"]
 # The fields a running Serve app can change (``POST /debug/pipeline``; gpu_check's A/B variants
-# of only these run on the base's engines, no restart): each is read per request or per message
+# of only these run on the base's engines, no restart): each is read per request, message or step
 # by the stage engine or logic, not built into a runner at its start.
 LIVE_FIELDS = ("coalesce_pushes", "stream_interval_ms", "text_chunk_ms", "max_chunks_in_flight",
                "code2wav_urgent_ms")
