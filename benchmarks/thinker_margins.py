@@ -21,7 +21,6 @@ from unittest import mock
 import torch
 
 import omni_ray.runners.transformers.thinker as thinker_runner
-from benchmarks.client import spoken_question
 
 
 BF16_BOUND = 2 ** -7  # one bf16 step near a logit of size 1 (8 significant bits) at most
@@ -46,10 +45,10 @@ def recording_margins():
 def margins(model_dir: str, tokens: int) -> dict[str, list[tuple[float, float]]]:
     """{case: [(top-1 minus top-2 logit, bf16 bound) per answer token]}: gpu_check's text and
     speech-in requests, float32 on CPU."""
-    from benchmarks.answers import offline_answers
+    from benchmarks.answers import cases, offline_answers
 
-    todo = {"text": dict(audio=False),
-            "speech-in": dict(audio_in=spoken_question(1.5), audio=False)}
+    todo = {name: {**kw, "audio": False} for name, kw in cases(has_processor=True).items()
+            if name in ("text", "speech-in")}  # gpu_check's requests, text out only
     refs = offline_answers(model_dir, "cpu", {"mode": "async_chunk"}, todo, tokens, 1,
                            dtype="float32")
     return {case: ref["margins"] for case, ref in refs.items()}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 
-import pytest
 import ray
 
 from omni_ray.config.request import OmniRequest
@@ -38,21 +37,16 @@ def test_collections_are_timed_by_generation():
     assert after["gcs"] == mid["gcs"] + 1 and after["gc2_s"] > mid["gc2_s"]
 
 
-@pytest.fixture(scope="module")
-def engine(thinker_engine):
-    return thinker_engine
-
-
-def test_step_records_carry_the_collections_inside_them(engine):
-    start = ray.get(engine.stats.remote())["runner_time"]
+def test_step_records_carry_the_collections_inside_them(thinker_engine):
+    start = ray.get(thinker_engine.stats.remote())["runner_time"]
     assert start["gcs"] >= 1  # the start's own collection, before gc.freeze
-    ray.get(engine.add_request.remote(OmniRequest(
+    ray.get(thinker_engine.add_request.remote(OmniRequest(
         request_id="gc-1", prompt_token_ids=list(range(10, 40)), max_tokens=200,
         modalities=("text",)), None))
-    for ref in engine.stream.options(num_returns="streaming").remote("gc-1"):
+    for ref in thinker_engine.stream.options(num_returns="streaming").remote("gc-1"):
         ray.get(ref)
-    steps = ray.get(engine.steps.remote())["steps"]
-    end = ray.get(engine.stats.remote())["runner_time"]
+    steps = ray.get(thinker_engine.steps.remote())["steps"]
+    end = ray.get(thinker_engine.stats.remote())["runner_time"]
     assert len(steps) >= 200
     in_steps = sum(s["parts"].get("gcs", 0) for s in steps)
     assert in_steps >= 1, "200 steps of a model's forward and not one young collection?"
