@@ -1,0 +1,160 @@
+"""Plain vLLM decoding the thinker's text backbone, in bfloat16 and in other weight formats.
+
+The one-GPU app's text pace is the thinker's decode step (benchmarks/README.md "Session 23": at
+concurrency 8 and 32 each stream's audio ends 0.3-0.5 s after its last text token, because the
+talker waits for the text it speaks). This asks what that step costs with nothing else on the
+GPU, per batch size, for each ``--quantization`` (``none`` = the checkpoint dtype, ``fp8`` =
+vLLM's online FP8: weights quantized at load, activations per token), in one run.
+
+The backbone is a text-only ``Qwen3MoeForCausalLM`` of the stand-in shape's thinker
+(``omni_ray.models.dummy``; random weights, ``load_format: dummy``): the same decoder layers,
+MoE and LM head as the thinker, without its audio and vision encoders (decode never runs them).
+Each format starts in a process of its own (the GPU's memory back between them). Per batch:
+``--prompt-tokens`` random prompt tokens a request, one generate of 1 token and one of
+``1 + --decode-tokens``; the decode step is their difference over ``--decode-tokens``.
+
+    python -m benchmarks.thinker_decode_bench --quantization fp8,none --batches 1,8,32
+    python -m benchmarks.thinker_decode_bench --smoke     # CPU: the smoke shape, float32, eager
+-> ``results/thinker_decode.json`` (``--out``): per format, per batch ``step_ms`` and ``tok_s``,
+the start time, and the ratio of each format's step to the first format's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.machine import RESULTS_DIR, machine_info, write_json
+
+
+def backbone_config(shape: str, layers: int | None = None) -> dict:
+    """config.json of a text-only Qwen3-MoE with ``shape``'s thinker text config."""
+    from omni_ray.models.dummy import shape_config_dict
+
+    text = dict(shape_config_dict(shape)["thinker_config"]["text_config"])
+    rope = text.pop("rope_parameters", None) or {}
+    text.pop("rope_scaling", None)
+    cfg = {k: v for k, v in text.items() if not k.startswith("_")}
+    cfg.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+               rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 1e6)),
+               torch_dtype="bfloat16")
+    if layers:
+        cfg["num_hidden_layers"] = layers
+    return cfg
+
+
+def one_format(model_dir: str, quantization: str, batches: list[int], prompt_tokens: int,
+               decode_tokens: int, dtype: str, eager: bool, kv_bytes: int) -> dict:
+    """Start one engine and time its decode step at each batch size (runs in its own process)."""
+    import random
+
+    from vllm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    kwargs = dict(model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
+                  max_num_seqs=max(batches), max_model_len=prompt_tokens + decode_tokens + 8,
+                  enforce_eager=eager, kv_cache_memory_bytes=kv_bytes, seed=0,
+                  enable_prefix_caching=False, disable_log_stats=True)
+    if not eager:
+        kwargs["compilation_config"] = {"cudagraph_capture_sizes": sorted(set(batches))}
+    if quantization != "none":
+        kwargs["quantization"] = quantization
+    llm = LLM(**kwargs)
+    start_s = time.perf_counter() - t0
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    rng = random.Random(0)
+
+    def timed(batch: int, max_tokens: int) -> float:
+        prompts = [{"prompt_token_ids": [rng.randrange(vocab) for _ in range(prompt_tokens)]}
+                   for _ in range(batch)]
+        params = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True,
+                                temperature=0.0, detokenize=False)
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        took = time.perf_counter() - t
+        got = {len(o.outputs[0].token_ids) for o in outs}
+        if got != {max_tokens}:
+            raise RuntimeError(f"asked {max_tokens} tokens a request, got {sorted(got)}")
+        return took
+
+    levels = {}
+    for batch in batches:
+        timed(batch, 1 + decode_tokens)  # warm: this batch's graphs and kernels
+        first = min(timed(batch, 1) for _ in range(2))
+        full = min(timed(batch, 1 + decode_tokens) for _ in range(2))
+        step_s = (full - first) / decode_tokens
+        levels[str(batch)] = dict(step_ms=round(1000 * step_s, 3),
+                                  tok_s=round(batch / step_s, 1),
+                                  prefill_and_first_ms=round(1000 * first, 1))
+    return dict(quantization=quantization, start_s=round(start_s, 1), levels=levels)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quantization", default="none",
+                    help="comma-separated: none (the dtype) or a vLLM quantization, e.g. fp8")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--shape", default="qwen3-omni-30b-a3b")
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: shape's)")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--eager", action="store_true", help="no torch.compile / CUDA graphs")
+    ap.add_argument("--kv-bytes", type=int, default=4 << 30)
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU check: smoke shape, float32, eager, small KV, short runs")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "thinker_decode.json")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: a format, in its own process
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.shape, args.dtype, args.eager = "smoke", "float32", True
+        args.kv_bytes, args.prompt_tokens, args.decode_tokens = 64 << 20, 16, 4
+    batches = [int(b) for b in args.batches.split(",") if b]
+    if args.one:  # the child: one engine, its result as one JSON line on stdout
+        res = one_format(args.model_dir, args.one, batches, args.prompt_tokens,
+                         args.decode_tokens, args.dtype, args.eager, args.kv_bytes)
+        print("RESULT " + json.dumps(res), flush=True)
+        return 0
+
+    formats = [q.strip() for q in args.quantization.split(",") if q.strip()]
+    res = dict(setup=dict(shape=args.shape, layers=args.layers, batches=batches,
+                          prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens,
+                          dtype=args.dtype, eager=args.eager),
+               machine=machine_info(), formats=[], errors=[])
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(backbone_config(args.shape,
+                                                                          args.layers)))
+        for q in formats:  # each in its own process: the GPU's memory is back after each
+            cmd = [sys.executable, "-m", "benchmarks.thinker_decode_bench", "--one", q,
+                   "--model-dir", tmp, "--batches", args.batches, "--dtype", args.dtype,
+                   "--prompt-tokens", str(args.prompt_tokens),
+                   "--decode-tokens", str(args.decode_tokens), "--kv-bytes", str(args.kv_bytes)]
+            cmd += ["--eager"] if args.eager else []
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode or not lines:
+                res["errors"].append(dict(quantization=q, rc=proc.returncode,
+                                          tail=(proc.stdout + proc.stderr)[-3000:]))
+                print(f"FAIL {q}: rc {proc.returncode}\n{proc.stderr[-2000:]}", flush=True)
+            else:
+                got = json.loads(lines[-1][len("RESULT "):])
+                res["formats"].append(got)
+                print(f"{q}: start {got['start_s']} s, " + ", ".join(
+                    f"b={b} {v['step_ms']} ms/step {v['tok_s']} tok/s"
+                    for b, v in got["levels"].items()), flush=True)
+            base = res["formats"][0]["levels"] if res["formats"] else {}
+            for f in res["formats"]:
+                f["step_vs_first"] = {b: round(v["step_ms"] / base[b]["step_ms"], 3)
+                                      for b, v in f["levels"].items() if b in base}
+            write_json(args.out, res)  # after each format: a run cut short keeps what it had
+    return 1 if res["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
