@@ -687,6 +687,7 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
         s, m = run["summary"], run["summary"]["metrics"]
         lv = dict(concurrency=c, ttft_p50_s=m["ttft"]["p50"], ttfa_p50_s=m["ttfa"]["p50"],
                   ttfa_p99_s=m["ttfa"]["p99"], rtf_p50=m["rtf"]["p50"], rtf_p99=m["rtf"]["p99"],
+                  text_rtf_p50=m["text_rtf"]["p50"],
                   stall_p99_s=run["stall_p99_s"], realtime_frac=run["realtime_frac"],
                   e2e_p50_s=m["e2e"]["p50"], text_tok_s=s["output_tokens_per_s"],
                   text_tok_s_p50=m["text_rate"]["p50"],
@@ -702,6 +703,7 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
         t_first = min(r["start"] for r in run["requests"])
         lv["requests"] = sorted(  # which requests were slow: start offset, client TTFA, RTF,
             (dict(t0_s=round(r["start"] - t_first, 3), ttfa_s=r["ttfa"], rtf=r["rtf"],
+                  text_rtf=r.get("text_rtf"),
                   stall_s=r["stall_s"], stalls=r.get("stalls"), audio_s=r["audio_seconds"],
                   e2e_s=r["e2e"], request_id=r["request_id"])
              for r in run["requests"]), key=lambda r: r["t0_s"])  # audio and end (RTF's parts)
@@ -743,7 +745,8 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
         chk.line("PASS" if ok else "FAIL", f"serve bench{sfx} c={c}",
                  f"ok {s['num_ok']}/{s['num_requests']}, ttft p50 {_f(lv['ttft_p50_s'])}s, "
                  f"ttfa p50 {_f(lv['ttfa_p50_s'])}s p99 {_f(lv['ttfa_p99_s'])}s, rtf p50 "
-                 f"{_f(lv['rtf_p50'])} p99 {_f(lv['rtf_p99'])}, stall p99 "
+                 f"{_f(lv['rtf_p50'])} p99 {_f(lv['rtf_p99'])} (text's end "
+                 f"{_f(lv['text_rtf_p50'])}), stall p99 "
                  f"{_f(lv['stall_p99_s'])}s, realtime {_f(lv['realtime_frac'], 2)}, "
                  f"{lv['text_tok_s']:.1f} tok/s, "
                  f"{lv['audio_s_per_s']:.2f} audio s/s, {_f(lv['output_tokens_mean'], 1)} "

@@ -9,6 +9,8 @@ Definitions (all seconds, from the moment the request was sent):
 * TTFA: first non-empty ``choices[0].delta.audio.data`` (base64 PCM16, 24 kHz mono);
 * audio duration: streamed PCM16 samples / 24000;
 * RTF: (last audio packet - request start) / audio duration (< 1: faster than real time);
+* text RTF: (last text token - request start) / audio duration: the RTF's floor while the
+  talker speaks the text as it streams (RTF close to it: the thinker's text paced the audio);
 * stall: seconds a player starting at the first audio packet would wait for data
   (``playback_stall``); realtime: stall <= ``REALTIME_TOLERANCE_S``;
 * end-to-end: ``data: [DONE]`` (or the stream's end) - request start.
@@ -210,6 +212,15 @@ class RequestRecord:
         return rtf(gen, self.audio_seconds)
 
     @property
+    def text_rtf(self) -> float | None:
+        """The RTF the audio would have had if it ended with the text: start to the last text
+        token over the audio's duration. The talker speaks the text as the thinker streams it,
+        so where ``rtf`` is close to this, the thinker's text rate paced the audio, not the
+        speech stages (None without text or audio)."""
+        gen = None if self.last_text is None else self.last_text - self.start
+        return rtf(gen, self.audio_seconds)
+
+    @property
     def stalls(self) -> list[tuple[float, float]]:
         """``playback_stalls`` of the audio packets: (audio played, wait) per late packet."""
         return playback_stalls(self.audio_arrivals)
@@ -235,7 +246,7 @@ class RequestRecord:
         raw["text"] = self.text[:80]
         return dict(start=self.start, ttft=self.ttft, ttfa=self.ttfa, text_rate=self.text_rate,
                     audio_seconds=self.audio_seconds,
-                     rtf=self.rtf, stall_s=self.stall_s, realtime=self.realtime, e2e=self.e2e,
+                     rtf=self.rtf, text_rtf=self.text_rtf, stall_s=self.stall_s, realtime=self.realtime, e2e=self.e2e,
                      stalls=[(round(pos, 3), round(wait, 4)) for pos, wait in self.stalls],
                      output_tokens=self.completion_tokens,
                      ok=self.ok, **{k: raw[k] for k in ("audio_packets", "finish_reason",
@@ -287,8 +298,8 @@ def summarize(records: list[RequestRecord], wall_s: float) -> RunSummary:
     tokens = sum(r.completion_tokens or 0 for r in ok)
     audio = sum(r.audio_seconds for r in ok)
     metrics = {name: stats([getattr(r, name) for r in ok])
-               for name in ("ttft", "ttfa", "rtf", "stall_s", "e2e", "audio_seconds",
-                            "text_rate")}
+               for name in ("ttft", "ttfa", "rtf", "text_rtf", "stall_s", "e2e",
+                            "audio_seconds", "text_rate")}
     metrics["output_tokens"] = stats([r.completion_tokens for r in ok])
     rt = [r.realtime for r in ok if r.realtime is not None]
     return RunSummary(num_requests=len(records), num_ok=len(ok), wall_s=wall_s,

@@ -217,7 +217,8 @@ def summary_line(label: str, kind: str, value, s) -> str:
     frac = "-" if s.realtime_frac is None else f"{s.realtime_frac:.2f}"
     return (f"[{label}] {kind}={value} ok={s.num_ok}/{s.num_requests} "
             f"ttft p50={p('ttft')}s ttfa p50={p('ttfa')}s p99={p('ttfa', 'p99')}s "
-            f"rtf p50={p('rtf')} stall p99={p('stall_s', 'p99')}s realtime={frac} "
+            f"rtf p50={p('rtf')} text_rtf p50={p('text_rtf')} stall p99={p('stall_s', 'p99')}s "
+            f"realtime={frac} "
             f"e2e p50={p('e2e')}s req/s={s.requests_per_s:.3f} "
             f"tok/s={s.output_tokens_per_s:.1f} audio_s/s={s.audio_seconds_per_s:.2f}")
 

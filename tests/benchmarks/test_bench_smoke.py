@@ -119,6 +119,16 @@ def test_rtf_is_start_to_last_audio_over_duration():
     assert rtf(3.0, 0.0) is None and rtf(None, 2.0) is None
 
 
+def test_text_rtf_is_start_to_last_text_over_the_audio():
+    rec = stream_record()
+    assert rec.text_rtf == pytest.approx(0.30 / 1.5)  # last text at +0.3 s, 1.5 s of audio
+    assert rec.summary()["text_rtf"] == rec.text_rtf
+    silent = RequestRecord(start=0.0)
+    silent.on_event(parse_sse_line(sse(delta(content="Hi"))), 0.2)
+    assert silent.text_rtf is None  # no audio
+    assert summarize([rec], 2.0).metrics["text_rtf"]["p50"] == pytest.approx(0.2)
+
+
 def test_record_error_event_and_missing_done():
     rec = RequestRecord(start=0.0)
     rec.on_event({"error": {"message": "boom", "type": "server_error"}}, 1.0)

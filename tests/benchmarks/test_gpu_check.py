@@ -25,7 +25,8 @@ from benchmarks.answers import (  # noqa: E402
 )
 
 LEVEL_KEYS = {"concurrency", "ttft_p50_s", "ttfa_p50_s", "ttfa_p99_s", "rtf_p50", "rtf_p99",
-              "stall_p99_s", "realtime_frac", "text_tok_s", "audio_s_per_s", "num_requests"}
+              "stall_p99_s", "realtime_frac", "text_tok_s", "audio_s_per_s", "num_requests",
+              "text_rtf_p50"}
 
 
 def words(s: str) -> list[str]:
@@ -199,6 +200,8 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
             assert [r["t0_s"] for r in lv["requests"]] == sorted(r["t0_s"] for r in lv["requests"])
             assert len(lv["requests"]) == 2 and all(r["ttfa_s"] > 0 for r in lv["requests"])
             assert all(r["stall_s"] >= 0 for r in lv["requests"])
+            # the talker speaks the text as it streams: the audio ends after the text does
+            assert all(0 < r["text_rtf"] <= r["rtf"] for r in lv["requests"]), lv["requests"]
             assert all(r["stall_s"] == pytest.approx(sum(w for _, w in r["stalls"]), abs=1e-3)
                        for r in lv["requests"])  # where each stream waited, rounded
             assert list(lv["stall_where"])[0] == "<0.1s" and all(
