@@ -11,7 +11,9 @@ The app from ``serve_configs/qwen3_omni_1gpu.yaml`` started with the real ``serv
 * ``code2wav`` / ``codepred`` (when asked for): the code2wav step batched vs one by one, and the
   code predictor's graphs with eager vs compiled kernels (cuda only), at the released shapes;
 * ``batch`` (when asked for): ``omni-ray batch`` (Ray Data) on the stand-in with the same engines;
-* ``offline`` (only when asked for): ``benchmarks.gpu_run --phase realsize``, its JSON copied in.
+* ``offline`` (only when asked for): ``benchmarks.gpu_run --phase realsize``, its JSON copied in;
+* ``decode`` (when asked for, after ``standin``): plain vLLM on the thinker's backbone alone, per
+  batch, beside the app's thinker step (``benchmarks/thinker_decode_bench.py``).
 
 One line a check, ``PASS|FAIL|SKIP|INFO <name>: <numbers>`` (INFO: an A/B comparison), then a
 summary; exit 1 on any FAIL.
@@ -884,6 +886,55 @@ def phase_codepred(chk: Check) -> None:
                 f"{v:.3f}" for v in same.values())))
 
 
+DECODE_S = 240  # what the decode phase needs of the budget per weight format (a cold start)
+
+
+def phase_decode(chk: Check) -> None:
+    """Plain vLLM decoding the stand-in's thinker backbone alone on the device
+    (``benchmarks/thinker_decode_bench.py``; list it after ``standin``: it needs the app down) at
+    the stand-in levels' batch sizes -> ``thinker_decode.json``. After the stand-in, an INFO line
+    a level sets the app's thinker step beside the plain engine's at that batch, and gives the
+    RTF the text alone allows at the plain engine's pace: the talker speaks the text as it
+    streams, so no speech-stage change takes a level's RTF below it."""
+    from benchmarks import thinker_decode_bench
+
+    a, dev = chk.args, chk.args.device
+    formats = [q for q in a.decode_formats.split(",") if q]
+    if chk.left_s() < DECODE_S * len(formats):
+        chk.line("SKIP", "thinker decode alone", f"{chk.left_s():.0f}s left, "
+                 f"{DECODE_S * len(formats)} needed")
+        return
+    by_c = {lv["concurrency"]: lv for lv in getattr(chk, "serve_levels", None) or []}
+    batches = sorted(by_c) or BENCH[dev]["concurrency"]
+    out = a.out / "thinker_decode.json"
+    argv = ["--batches", ",".join(map(str, batches)), "--quantization", ",".join(formats),
+            "--out", str(out)]
+    argv += ["--smoke"] if dev == "cpu" else ["--shape", a.shape or "qwen3-omni-30b-a3b"]
+    thinker_decode_bench.main(argv)
+    res = json.loads(out.read_text())
+    chk.data["phases"]["decode"] = res
+    for e in res["errors"]:
+        chk.line("FAIL", f"thinker decode alone {e['quantization']}", f"rc {e['rc']}",
+                 log_tail=e["tail"])
+    for f in res["formats"]:
+        chk.line("PASS", f"thinker decode alone {f['quantization']}", ", ".join(
+            f"b={b} {v['step_ms']:.2f} ms ({v['tok_s']:.0f} tok/s)"
+            for b, v in f["levels"].items()) + f"; start {f['start_s']}s")
+    alone = next((f["levels"] for f in res["formats"] if f["quantization"] == "none"), None)
+    for c, lv in sorted(by_c.items()):
+        th = (lv.get("step_profile") or {}).get("thinker") or {}
+        ref = (alone or {}).get(str(c))
+        if not (ref and th.get("ms_per_step") and lv.get("audio_seconds_mean")):
+            continue
+        text_s = lv["ttft_p50_s"] + (lv["output_tokens_mean"] - 1) * ref["step_ms"] / 1000
+        chk.line("INFO", f"thinker in the app vs alone c={c}",
+                 f"{th['ms_per_step']:.1f} ms a step ({_f(th.get('requests_per_step'), 1)} rows) "
+                 f"vs {ref['step_ms']:.1f} ms alone at batch {c} "
+                 f"(x{th['ms_per_step'] / ref['step_ms']:.2f}); the text at the alone pace "
+                 f"allows RTF >= {text_s / lv['audio_seconds_mean']:.3f} (measured "
+                 f"{_f(lv['rtf_p50'])}, text's end {_f(lv.get('text_rtf_p50'))})")
+
+
 def phase_batch(chk: Check) -> None:
     """``omni-ray batch`` (Ray Data, one actor per stage) on the stand-in with the yaml's engines,
     over the prompts the Serve bench sends, 4 x its top concurrency rows -> ``batch_gpu.json``:
@@ -966,7 +1017,8 @@ def phase_batch(chk: Check) -> None:
 
 
 PHASES = {"tiny": phase_tiny, "code2wav": phase_code2wav, "codepred": phase_codepred,
-          "standin": phase_standin, "batch": phase_batch, "offline": phase_offline}
+          "standin": phase_standin, "batch": phase_batch, "offline": phase_offline,
+          "decode": phase_decode}
 
 
 def _f(v, nd=3) -> str:
@@ -1001,7 +1053,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
     ap.add_argument("--phases", default="tiny,standin",
-                    help="comma list of code2wav,codepred,tiny,standin,batch,offline")
+                    help="comma list of code2wav,codepred,tiny,standin,batch,offline,decode")
     ap.add_argument("--tiny-dtype", choices=("float32", "bfloat16"), default="float32",
                     help="tiny phase on cuda: float32 compares exactly with the offline "
                          "pipeline; bfloat16 (the yaml's) with the bf16 allowance")
@@ -1036,6 +1088,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ab-concurrency", default="", help="the --ab variants' levels (default: "
                     "--concurrency's), e.g. 8,32 to spend a short device lease on the levels a "
                     "variant is for")
+    ap.add_argument("--decode-formats", default="none",
+                    help="decode phase: weight formats, 'none' (the dtype) or vLLM "
+                         "quantizations, e.g. none,fp8")
     ap.add_argument("--codepred-modes", default="", help="codepred phase: only these modes of "
                     "benchmarks/code_predictor_bench.py, compiled ones included (default: the "
                     "eager-graph modes)")

@@ -176,7 +176,7 @@ def test_tiny_phase_passes_on_cpu(tmp_path):
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
-    rc, lines, data = run_check(tmp_path, "--phases", "standin", "--num-requests", "2",
+    rc, lines, data = run_check(tmp_path, "--phases", "standin,decode", "--num-requests", "2",
                              "--rates", "4", "--rate-requests", "3", "--rate-prompt-words", "8,300",
                              "--ab", "urgent:pipeline.code2wav_urgent_ms=300,"
                              "code2wav.deployment_config.num_replicas=2",
@@ -215,6 +215,12 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
             assert tr["talker_opening"] and tr["talker_opening"][-1]["emits"] > 0
         assert ("poisson" in serve) is (name == "gpu_serve.json")  # open loop: the base only
     assert serve["setup"]["pipeline"]["code2wav_urgent_ms"] == 300  # the variant's args
+    # decode: plain vLLM on the thinker's backbone at the levels' batches, beside the app's step
+    (fmt,) = json.loads((tmp_path / "thinker_decode.json").read_text())["formats"]
+    assert fmt["quantization"] == "none" and set(fmt["levels"]) == {"1", "2"}
+    assert any(line.startswith("PASS thinker decode alone none: b=1 ") for line in lines)
+    beside = [line for line in lines if line.startswith("INFO thinker in the app vs alone c=")]
+    assert len(beside) == 2 and all("allows RTF >= " in line for line in beside), beside
     (lv,) = json.loads((tmp_path / "gpu_serve.json").read_text())["poisson"]
     assert lv["rate"] == 4 and lv["num_ok"] == lv["num_requests"] == 3
     assert lv["ttfa_p99_s"] >= lv["ttfa_p50_s"] > 0 and len(lv["prompt_tokens"]) == 3
