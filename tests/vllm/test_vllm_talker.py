@@ -427,3 +427,34 @@ def test_the_backbone_directory_is_the_checkpoints_own_on_every_start(talker, ti
     model_cfg = talker.engine.vllm_config.model_config
     assert model_cfg.model == str(talker.backbone_dir) == str(backbone_dir(tiny_model_dir))
     assert (talker.backbone_dir / "config.json").exists()  # shutdown() of others kept it
+
+
+def test_prompts_prefilled_over_several_steps_give_the_same_frames(tiny_model_dir, hf_talker,
+                                                                   thinker_out):
+    """A token budget below the prompts' lengths (``max_num_batched_tokens``: vLLM's chunked
+    prefill, what a serving config sets to keep admissions from stalling decodes): each prompt
+    is prefilled over several steps, next to the others' decodes, and the frames == the
+    transformers talker's, with all text known and with it trickling in."""
+    from omni_ray.models.loading import load_stage
+    from omni_ray.runners.vllm.engine_args import CPU_ENGINE_DEFAULTS
+    from omni_ray.runners.vllm.talker import VllmTalkerRunner
+
+    budget = 8  # vLLM's floor: max_num_seqs
+    tk = load_stage(tiny_model_dir, "talker", "cpu", torch.float32)
+    runner = VllmTalkerRunner(tiny_model_dir, tk.module, tk.text_embedding, tk.config,
+                              engine_kwargs={**CPU_ENGINE_DEFAULTS, **ENGINE_KWARGS,
+                                             "max_num_batched_tokens": budget})
+    try:
+        for steps_between in (0, 3):
+            ref, ref_done = _drive(hf_talker, thinker_out, steps_between)
+            before = dict(runner.time_spent)
+            got, done = _drive(runner, thinker_out, steps_between)
+            assert done == ref_done
+            for rid in ref:
+                assert torch.equal(got[rid], ref[rid]), (steps_between, rid)
+            spent = {k: v - before[k] for k, v in runner.time_spent.items()}
+            assert spent["sched_new"] == len(ref)
+            # the prompts hold more tokens than a step may take: they were split over steps
+            assert spent["sched_prompt_tokens"] > budget * len(ref)
+    finally:
+        runner.shutdown()
