@@ -502,6 +502,11 @@ def poisson_bench(chk: Check, url: str, shape: str) -> None:
                   prompt_tokens=[r["prompt_tokens"] for r in reqs],
                   rtf_p99=s["metrics"]["rtf"]["p99"], stall_p99_s=run["stall_p99_s"],
                   realtime_frac=run["realtime_frac"], audio_s_per_s=s["audio_seconds_per_s"])
+        t_first = min((r["start"] for r in reqs), default=0.0)
+        lv["requests"] = sorted(  # which request was slow: arrival, prompt, TTFA, RTF, stall
+            (dict(t0_s=round(r["start"] - t_first, 3), prompt_tokens=r["prompt_tokens"],
+                  ttfa_s=r["ttfa"], rtf=r["rtf"], stall_s=r["stall_s"]) for r in reqs),
+            key=lambda r: r["t0_s"])
         out.append(lv)
         path = a.out / "gpu_serve.json"
         data = json.loads(path.read_text()) if path.exists() else {}

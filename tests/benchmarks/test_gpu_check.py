@@ -223,6 +223,9 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     assert len(beside) == 2 and all("allows RTF >= " in line for line in beside), beside
     (lv,) = json.loads((tmp_path / "gpu_serve.json").read_text())["poisson"]
     assert lv["rate"] == 4 and lv["num_ok"] == lv["num_requests"] == 3
+    assert [r["t0_s"] for r in lv["requests"]] == sorted(r["t0_s"] for r in lv["requests"])
+    assert sorted(r["prompt_tokens"] for r in lv["requests"]) == sorted(lv["prompt_tokens"])
+    assert all(r["ttfa_s"] > 0 for r in lv["requests"])
     assert lv["ttfa_p99_s"] >= lv["ttfa_p50_s"] > 0 and len(lv["prompt_tokens"]) == 3
     assert 0 <= lv["realtime_frac"] <= 1 and lv["stall_p99_s"] >= 0
     assert sum(line.startswith("INFO A/B urgent c=") for line in lines) == 2
