@@ -245,13 +245,13 @@ class RequestRecord:
         raw = asdict(self)
         raw["text"] = self.text[:80]
         return dict(start=self.start, ttft=self.ttft, ttfa=self.ttfa, text_rate=self.text_rate,
-                    audio_seconds=self.audio_seconds,
-                     rtf=self.rtf, text_rtf=self.text_rtf, stall_s=self.stall_s, realtime=self.realtime, e2e=self.e2e,
-                     stalls=[(round(pos, 3), round(wait, 4)) for pos, wait in self.stalls],
-                     output_tokens=self.completion_tokens,
-                     ok=self.ok, **{k: raw[k] for k in ("audio_packets", "finish_reason",
-                                                         "error", "text", "prompt_tokens",
-                                                         "request_id")})
+                    audio_seconds=self.audio_seconds, rtf=self.rtf, text_rtf=self.text_rtf,
+                    stall_s=self.stall_s, realtime=self.realtime, e2e=self.e2e,
+                    stalls=[(round(pos, 3), round(wait, 4)) for pos, wait in self.stalls],
+                    output_tokens=self.completion_tokens,
+                    ok=self.ok, **{k: raw[k] for k in ("audio_packets", "finish_reason",
+                                                        "error", "text", "prompt_tokens",
+                                                        "request_id")})
 
 
 def percentile(values: list[float], q: float) -> float:
