@@ -382,6 +382,8 @@ def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_p
         if not has_proc:
             chk.line("SKIP", "standin speech-in well-formed", "no processor files")
         base = chk.serve_levels = serve_bench(chk, url, shape, st, cfg, log=sr.log)
+        if a.text_levels:
+            text_only_bench(chk, url, shape, base)
         for name, overrides in a.ab:  # A/Bs of live fields: on these engines, no restart
             if (fields := live_fields(overrides)) is not None:
                 standin_live_variant(chk, url, name, fields, base, shape, st, cfg, sr.log)
@@ -392,6 +394,48 @@ def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_p
         if a.realtime:
             realtime_bench(chk, url)
     return base
+
+
+def text_only_bench(chk: Check, url: str, shape: str, base: list[dict]) -> None:
+    """The same prompts with ``modalities: ["text"]`` at ``--text-levels``: the thinker with no
+    speech stage beside it on the GPU. A line a level sets its step and text rate beside the
+    base level's (with speech): what the talker and code2wav cost the thinker in the app ->
+    ``gpu_serve.json``'s ``text_only``."""
+    from benchmarks.serve_bench import bench
+
+    a, b = chk.args, BENCH[chk.args.device]
+    by_c = {lv["concurrency"]: lv for lv in base}
+    out = []
+    for c in [int(x) for x in a.text_levels.split(",")]:
+        if chk.left_s() < 30:
+            chk.line("SKIP", f"text only c={c}", f"{chk.left_s():.0f}s left")
+            continue
+        run = bench(url, f"standin-{shape}-text", concurrency=str(c),
+                    num_requests=a.num_requests, max_tokens=b["max_tokens"],
+                    max_audio_frames=b["frames"], modalities="text", warmup=1)[0]
+        s, m = run["summary"], run["summary"]["metrics"]
+        th = (run.get("step_profile") or {}).get("thinker") or {}
+        lv = dict(concurrency=c, num_requests=s["num_requests"], num_ok=s["num_ok"],
+                  ttft_p50_s=m["ttft"]["p50"], text_tok_s_p50=m["text_rate"]["p50"],
+                  output_tokens_mean=m["output_tokens"]["mean"],
+                  thinker_ms_per_step=th.get("ms_per_step"),
+                  thinker_rows_per_step=th.get("requests_per_step"),
+                  audio_seconds_mean=m["audio_seconds"]["mean"])
+        out.append(lv)
+        w = by_c.get(c) or {}
+        wth = (w.get("step_profile") or {}).get("thinker") or {}
+        ok = s["num_ok"] == s["num_requests"] and not lv["audio_seconds_mean"]
+        chk.line("PASS" if ok else "FAIL", f"text only c={c}",
+                 f"ok {s['num_ok']}/{s['num_requests']}, ttft p50 {_f(lv['ttft_p50_s'])}s, "
+                 f"text {_f(lv['text_tok_s_p50'], 1)} tok/s p50 (with speech "
+                 f"{_f(w.get('text_tok_s_p50'), 1)}), thinker {_f(th.get('ms_per_step'), 1)} ms "
+                 f"a step ({_f(th.get('requests_per_step'), 1)} rows; with speech "
+                 f"{_f(wth.get('ms_per_step'), 1)} ms, {_f(wth.get('requests_per_step'), 1)} "
+                 f"rows), no audio: {not lv['audio_seconds_mean']}")
+    path = a.out / "gpu_serve.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data["text_only"] = out
+    write(path, data)
 
 
 # Issue 20's targets for the one-H200 Serve app (stand-in, 128 tokens, 150 frames):
@@ -1089,6 +1133,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "unless they say mps=false")
     ap.add_argument("--rates", default="", help="after the standin bench: Poisson arrivals at "
                     "these req/s with mixed prompt lengths, e.g. 1,2,4")
+    ap.add_argument("--text-levels", default="", help="after the standin bench: the same "
+                    "prompts answered in text only at these concurrencies, e.g. 1,8,32 (the "
+                    "thinker's step without the speech stages beside it)")
     ap.add_argument("--rate-requests", type=int, default=24, help="requests per rate")
     ap.add_argument("--rate-prompt-words", default="32,2000",
                     help="mixed prompts: words per prompt, log-uniform in LO,HI")

@@ -178,6 +178,7 @@ def test_tiny_phase_passes_on_cpu(tmp_path):
 def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     rc, lines, data = run_check(tmp_path, "--phases", "standin,decode", "--num-requests", "2",
                              "--rates", "4", "--rate-requests", "3", "--rate-prompt-words", "8,300",
+                             "--text-levels", "2",
                              "--ab", "urgent:pipeline.code2wav_urgent_ms=300,"
                              "code2wav.deployment_config.num_replicas=2",
                              "--ab", "pushone:pipeline.coalesce_pushes=false",
@@ -221,6 +222,12 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     assert any(line.startswith("PASS thinker decode alone none: b=1 ") for line in lines)
     beside = [line for line in lines if line.startswith("INFO thinker in the app vs alone c=")]
     assert len(beside) == 2 and all("allows RTF >= " in line for line in beside), beside
+    # text only: the thinker without the speech stages, beside the level with speech
+    (text,) = [line for line in lines if line.startswith("PASS text only c=2: ")]
+    assert "(with speech " in text and "no audio: True" in text, text
+    (lv,) = json.loads((tmp_path / "gpu_serve.json").read_text())["text_only"]
+    assert lv["num_ok"] == lv["num_requests"] == 2 and lv["text_tok_s_p50"] > 0
+    assert lv["thinker_ms_per_step"] > 0 and not lv["audio_seconds_mean"]
     (lv,) = json.loads((tmp_path / "gpu_serve.json").read_text())["poisson"]
     assert lv["rate"] == 4 and lv["num_ok"] == lv["num_requests"] == 3
     assert [r["t0_s"] for r in lv["requests"]] == sorted(r["t0_s"] for r in lv["requests"])
