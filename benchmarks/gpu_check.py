@@ -389,6 +389,8 @@ def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_p
                 standin_live_variant(chk, url, name, fields, base, shape, st, cfg, sr.log)
         if a.torch_profile:
             torch_profile(chk, url, shape, a.torch_profile)
+        if a.torch_profile_text:
+            torch_profile(chk, url, shape, a.torch_profile_text, text=True)
         if a.rates:
             poisson_bench(chk, url, shape)
         if a.realtime:
@@ -808,11 +810,13 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
 PROFILE_AFTER_S, PROFILE_TIMEOUT_S = 3.0, 60.0  # load before the captures; their longest wait
 
 
-def torch_profile(chk: Check, url: str, shape: str, c: int) -> None:
+def torch_profile(chk: Check, url: str, shape: str, c: int, text: bool = False) -> None:
     """One more load level at concurrency ``c``, not counted among the levels: while it runs, a
     ``torch.profiler`` capture of every stage engine's next steps (``GET /debug/profile``) ->
     ``gpu_profile.json`` (ops by device and host time per step, and each stage's table) and an
-    INFO line per stage with its top device ops."""
+    INFO line per stage with its top device ops and the device's busy time a step. ``text``:
+    text-only answers and the thinker alone (``gpu_profile_text.json``): its step with no speech
+    stage on the GPU, split into device time and the rest."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -821,25 +825,29 @@ def torch_profile(chk: Check, url: str, shape: str, c: int) -> None:
     from benchmarks.serve_bench import bench
 
     if chk.left_s() < 90:
-        chk.line("SKIP", f"torch profile c={c}", f"{chk.left_s():.0f}s left")
+        chk.line("SKIP", f"torch profile{' text' if text else ''} c={c}",
+                 f"{chk.left_s():.0f}s left")
         return
     b = BENCH[chk.args.device]
     captured = threading.Event()
+    stages, name = (("thinker",), f"torch profile text c={c}") if text else (
+        STAGES, f"torch profile c={c}")
 
     def load() -> None:  # waves of c requests until every capture has its steps
         while not captured.is_set():
             bench(url, f"standin-{shape}-profiled", concurrency=str(c), num_requests=c,
-                  max_tokens=b["max_tokens"], max_audio_frames=b["frames"], warmup=0)
+                  max_tokens=b["max_tokens"], max_audio_frames=b["frames"], warmup=0,
+                  modalities="text" if text else "text,audio")
 
     loader = threading.Thread(target=load)
     loader.start()
     time.sleep(PROFILE_AFTER_S)
     try:
-        with ThreadPoolExecutor(len(STAGES)) as ex:  # the three captures over the same steps
+        with ThreadPoolExecutor(len(stages)) as ex:  # the captures over the same steps
             asked = {s: ex.submit(  # the summary after a capture can take minutes on CPU
                 httpx.get, f"{url}/debug/profile", timeout=600, params=dict(
                     stage=s, steps=b["profile_steps"], timeout_s=PROFILE_TIMEOUT_S))
-                for s in STAGES}
+                for s in stages}
     finally:
         captured.set()
         loader.join()
@@ -850,17 +858,19 @@ def torch_profile(chk: Check, url: str, shape: str, c: int) -> None:
             r.raise_for_status()
             got[stage] = r.json()
         except Exception as e:  # noqa: BLE001
-            chk.line("FAIL", f"torch profile c={c} {stage}", f"{type(e).__name__}: {e}")
+            chk.line("FAIL", f"{name} {stage}", f"{type(e).__name__}: {e}")
             continue
         p = got[stage]
         top = p["top_device"] or p["top_host"]
         key = "device_ms_per_step" if p["top_device"] else "host_ms_per_step"
-        chk.line("PASS" if p["steps"] else "FAIL", f"torch profile c={c} {stage}",
-                 f"{p['steps']} steps, {p['ms_per_step']:.1f} ms/step (profiled); "
+        busy = (f", device busy {p['device_ms_per_step_total']:.2f} ms/step"
+                if p["top_device"] else "")
+        chk.line("PASS" if p["steps"] else "FAIL", f"{name} {stage}",
+                 f"{p['steps']} steps, {p['ms_per_step']:.1f} ms/step (profiled){busy}; "
                  f"{key.split('_')[0]} ms/step: " + ", ".join(
                      f"{o['op'][:48]} {o[key]:.2f}" for o in top[:6]))
-    write(chk.args.out / "gpu_profile.json", dict(
-        commit=chk.data["commit"], device=chk.data["device"], concurrency=c,
+    write(chk.args.out / f"gpu_profile{'_text' if text else ''}.json", dict(
+        commit=chk.data["commit"], device=chk.data["device"], concurrency=c, text_only=text,
         steps_asked=b["profile_steps"], stages=got))
 
 
@@ -1153,6 +1163,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--torch-profile", type=int, default=0, metavar="C",
                     help="standin: after the bench, one more level at concurrency C with a "
                          "torch.profiler capture of every stage's steps (gpu_profile.json)")
+    ap.add_argument("--torch-profile-text", type=int, default=0, metavar="C",
+                    help="standin: a text-only level at concurrency C with a torch.profiler "
+                         "capture of the thinker's steps alone (gpu_profile_text.json)")
     ap.add_argument("--realtime", action="store_true", help="standin: also the realtime bench "
                     "(WS /v1/realtime, benchmarks/realtime_bench.py) on the same app")
     ap.add_argument("--num-requests", type=int, default=0,

@@ -60,6 +60,10 @@ class StepProfile:
         return dict(
             stage=self.stage, steps=self.steps, asked=self.want, wall_s=wall,
             ms_per_step=1e3 * wall / n, device=device,
+            # every op's self time summed: the device's busy time a step against ms_per_step
+            # says whether the step waits for the GPU or the GPU waits for the host
+            host_ms_per_step_total=sum(o["host_ms_per_step"] for o in ops),
+            device_ms_per_step_total=sum(o["device_ms_per_step"] for o in ops),
             top_host=sorted(ops, key=lambda o: -o["host_ms_per_step"])[:TOP_OPS],
             top_device=(sorted(ops, key=lambda o: -o["device_ms_per_step"])[:TOP_OPS]
                         if device else []),

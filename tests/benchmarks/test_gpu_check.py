@@ -182,12 +182,17 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
                              "--ab", "urgent:pipeline.code2wav_urgent_ms=300,"
                              "code2wav.deployment_config.num_replicas=2",
                              "--ab", "pushone:pipeline.coalesce_pushes=false",
-                             "--torch-profile", "2")
+                             "--torch-profile", "2", "--torch-profile-text", "1")
     assert rc == 0, "\n".join(lines)
     prof = json.loads((tmp_path / "gpu_profile.json").read_text())  # every stage, under load
     assert prof["concurrency"] == 2 and set(prof["stages"]) == {"thinker", "talker", "code2wav"}
     assert all(p["steps"] > 0 and p["top_host"] for p in prof["stages"].values()), prof
     assert sum(line.startswith("PASS torch profile c=2 ") for line in lines) == 3
+    prof = json.loads((tmp_path / "gpu_profile_text.json").read_text())  # the thinker alone
+    assert prof["text_only"] and set(prof["stages"]) == {"thinker"}, prof
+    (th,) = prof["stages"].values()
+    assert th["steps"] > 0 and th["host_ms_per_step_total"] > 0 and th["top_host"]
+    assert sum(line.startswith("PASS torch profile text c=1 thinker") for line in lines) == 1
     (phases,) = [line for line in lines if line.startswith("INFO standin start phases")]
     assert all(f"{stage} turn_wait " in phases for stage in ("thinker", "talker", "code2wav"))
     assert any(line.startswith("PASS standin /v1/models says dummy") for line in lines)
