@@ -984,6 +984,8 @@ def phase_decode(chk: Check) -> None:
             + ")"
             for b, v in f["levels"].items()) + f"; start {f['start_s']}s")
     alone = next((f["levels"] for f in res["formats"] if f["quantization"] == "none"), None)
+    for name in [v for v in a.decode_variants.split(",") if v]:
+        decode_variant(chk, name, batches, alone)
     for c, lv in sorted(by_c.items()):
         th = (lv.get("step_profile") or {}).get("thinker") or {}
         ref = (alone or {}).get(str(c))
@@ -996,6 +998,52 @@ def phase_decode(chk: Check) -> None:
                  f"(x{th['ms_per_step'] / ref['step_ms']:.2f}); the text at the alone pace "
                  f"allows RTF >= {text_s / lv['audio_seconds_mean']:.3f} (measured "
                  f"{_f(lv['rtf_p50'])}, text's end {_f(lv.get('text_rtf_p50'))})")
+
+
+def parse_decode_variant(name: str) -> list[str]:
+    """``sm50``, ``inproc`` or both (``sm50+inproc``) -> thinker_decode_bench's flags."""
+    flags = []
+    for part in name.split("+"):
+        if part == "inproc":
+            flags.append("--in-process")
+        elif part.startswith("sm") and part[2:].isdigit() and 1 <= int(part[2:]) <= 100:
+            flags += ["--sm-percent", part[2:]]
+        else:
+            raise ValueError(f"decode variant {part!r}: sm<1-100>, inproc, or both joined by +")
+    return flags
+
+
+def decode_variant(chk: Check, name: str, batches: list[int], alone: dict | None) -> None:
+    """The plain engine again, bf16, where the app's thinker is (``--decode-variants``): under
+    an SM cap (MPS) and/or with its engine core in process -> ``thinker_decode_<name>.json``
+    and a line a batch against the plain engine on the whole GPU."""
+    from benchmarks import thinker_decode_bench
+
+    a, dev = chk.args, chk.args.device
+    if chk.left_s() < DECODE_S:
+        chk.line("SKIP", f"thinker decode alone {name}", f"{chk.left_s():.0f}s left, "
+                 f"{DECODE_S} needed")
+        return
+    out = a.out / f"thinker_decode_{name}.json"
+    argv = ["--batches", ",".join(map(str, batches)), "--quantization", "none", "--out", str(out),
+            *parse_decode_variant(name)]
+    argv += ["--smoke"] if dev == "cpu" else ["--shape", a.shape or "qwen3-omni-30b-a3b"]
+    try:
+        thinker_decode_bench.main(argv)
+        res = json.loads(out.read_text())
+    except Exception as e:  # noqa: BLE001 - e.g. no MPS here: a FAIL line, the check goes on
+        chk.line("FAIL", f"thinker decode alone {name}", f"{type(e).__name__}: {e}")
+        return
+    chk.data["phases"].setdefault("decode_variants", {})[name] = res
+    for e in res["errors"]:
+        chk.line("FAIL", f"thinker decode alone {name}", f"rc {e['rc']}", log_tail=e["tail"])
+    for f in res["formats"]:
+        chk.line("PASS", f"thinker decode alone {name}", ", ".join(
+            f"b={b} {v['step_ms']:.2f} ms"
+            + (f" (x{v['step_ms'] / alone[b]['step_ms']:.2f} the whole GPU's)"
+               if alone and b in alone else "")
+            for b, v in f["levels"].items())
+            + f"; sm_percent {f['sm_percent']}, in_process {f['in_process']}")
 
 
 def phase_batch(chk: Check) -> None:
@@ -1157,6 +1205,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--decode-formats", default="none",
                     help="decode phase: weight formats, 'none' (the dtype) or vLLM "
                          "quantizations, e.g. none,fp8")
+    ap.add_argument("--decode-variants", default="",
+                    help="decode phase: the bf16 plain engine again where the app's thinker "
+                         "is: sm<P> (under MPS at P%% of the SMs), inproc (its engine core in "
+                         "process), or both joined by +, e.g. sm50,sm50+inproc")
     ap.add_argument("--codepred-modes", default="", help="codepred phase: only these modes of "
                     "benchmarks/code_predictor_bench.py, compiled ones included (default: the "
                     "eager-graph modes)")
@@ -1186,6 +1238,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = set(a.phases.split(",")) - set(PHASES)
     if unknown:
         ap.error(f"unknown phase(s) {sorted(unknown)}; known: {list(PHASES)}")
+    for name in [v for v in a.decode_variants.split(",") if v]:
+        try:
+            parse_decode_variant(name)
+        except ValueError as e:
+            ap.error(f"--decode-variants: {e}")
     return a
 
 

@@ -16,7 +16,15 @@ Each format starts in a process of its own (the GPU's memory back between them).
 routing would reach: on random weights a format whose tokens all pick the same experts reads
 less memory than real weights would make it read, and its step says nothing.
 
+Two knobs put the plain engine where the app's thinker is (session 24: the app's thinker steps
+1.09-1.39x the plain engine's even in text only): ``--sm-percent P`` runs each format as a client
+of a private MPS daemon limited to P % of the SMs (the one-GPU yaml gives the thinker 50), and
+``--in-process`` runs vLLM's engine core in the benchmark's process and thread
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), as the thinker's runner does, instead of in a process of
+its own.
+
     python -m benchmarks.thinker_decode_bench --quantization fp8,none --batches 1,8,32
+    python -m benchmarks.thinker_decode_bench --sm-percent 50 --in-process
     python -m benchmarks.thinker_decode_bench --smoke     # CPU: the smoke shape, float32, eager
 -> ``results/thinker_decode.json`` (``--out``): per format, per batch ``step_ms`` and ``tok_s``,
 the start time, and the ratio of each format's step to the first format's.
@@ -25,7 +33,9 @@ the start time, and the ratio of each format's step to the first format's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -132,7 +142,10 @@ def one_format(model_dir: str, quantization: str, batches: list[int], prompt_tok
             lv["distinct_experts_uniform"] = round(uniform_distinct(
                 cfg["num_experts"], cfg["num_experts_per_tok"], batch), 1)
     return dict(quantization=quantization, start_s=round(start_s, 1), routing=routing,
-                levels=levels)
+                levels=levels,
+                # what this process ran under (the parent's --sm-percent / --in-process)
+                sm_percent=os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+                in_process=os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0")
 
 
 def main(argv=None) -> int:
@@ -151,6 +164,11 @@ def main(argv=None) -> int:
                     help="also count the experts each batch's decode steps reach (vLLM's "
                          "routed experts; random weights can route every token alike, and a "
                          "format that does is no faster for real)")
+    ap.add_argument("--sm-percent", type=int, default=0, metavar="P",
+                    help="each format under a private MPS daemon, limited to P%% of the SMs "
+                         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; 0: no MPS)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="vLLM's engine core in the benchmark's process, as the app's thinker")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check: smoke shape, float32, eager, small KV, short runs")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "thinker_decode.json")
@@ -161,6 +179,8 @@ def main(argv=None) -> int:
         args.shape, args.dtype, args.eager = "smoke", "float32", True
         args.kv_bytes, args.prompt_tokens, args.decode_tokens = 64 << 20, 16, 4
     batches = [int(b) for b in args.batches.split(",") if b]
+    if not 0 <= args.sm_percent <= 100:
+        ap.error("--sm-percent: 1-100, or 0 for no MPS")
     if args.one:  # the child: one engine, its result as one JSON line on stdout
         res = one_format(args.model_dir, args.one, batches, args.prompt_tokens,
                          args.decode_tokens, args.dtype, args.eager, args.kv_bytes, args.routing)
@@ -170,11 +190,20 @@ def main(argv=None) -> int:
     formats = [q.strip() for q in args.quantization.split(",") if q.strip()]
     res = dict(setup=dict(shape=args.shape, layers=args.layers, batches=batches,
                           prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens,
-                          dtype=args.dtype, eager=args.eager, routing=args.routing),
+                          dtype=args.dtype, eager=args.eager, routing=args.routing,
+                          sm_percent=args.sm_percent or None, in_process=args.in_process),
                machine=machine_info(), formats=[], errors=[])
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         (Path(tmp) / "config.json").write_text(json.dumps(backbone_config(args.shape,
                                                                           args.layers)))
+        env = dict(os.environ)
+        if args.in_process:
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if args.sm_percent:
+            from omni_ray.mps import mps_daemon
+
+            env.update(stack.enter_context(mps_daemon(Path(tmp) / "mps")))
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(args.sm_percent)
         for q in formats:  # each in its own process: the GPU's memory is back after each
             cmd = [sys.executable, "-m", "benchmarks.thinker_decode_bench", "--one", q,
                    "--model-dir", tmp, "--batches", args.batches, "--dtype", args.dtype,
@@ -182,7 +211,7 @@ def main(argv=None) -> int:
                    "--decode-tokens", str(args.decode_tokens), "--kv-bytes", str(args.kv_bytes)]
             cmd += ["--eager"] if args.eager else []
             cmd += ["--routing"] if args.routing else []
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode or not lines:
                 res["errors"].append(dict(quantization=q, rc=proc.returncode,

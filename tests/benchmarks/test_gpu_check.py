@@ -177,6 +177,7 @@ def test_tiny_phase_passes_on_cpu(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     rc, lines, data = run_check(tmp_path, "--phases", "standin,decode", "--num-requests", "2",
+                             "--decode-variants", "inproc",
                              "--rates", "4", "--rate-requests", "3", "--rate-prompt-words", "8,300",
                              "--text-levels", "2",
                              "--ab", "urgent:pipeline.code2wav_urgent_ms=300,"
@@ -225,6 +226,11 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     (fmt,) = json.loads((tmp_path / "thinker_decode.json").read_text())["formats"]
     assert fmt["quantization"] == "none" and set(fmt["levels"]) == {"1", "2"}
     assert any(line.startswith("PASS thinker decode alone none: b=1 ") for line in lines)
+    # the plain engine again with its engine core in process, as the app's thinker runs it
+    (inproc,) = [line for line in lines if line.startswith("PASS thinker decode alone inproc:")]
+    assert "the whole GPU's)" in inproc and "in_process True" in inproc, inproc
+    assert json.loads((tmp_path / "thinker_decode_inproc.json").read_text())["setup"][
+        "in_process"] is True
     beside = [line for line in lines if line.startswith("INFO thinker in the app vs alone c=")]
     assert len(beside) == 2 and all("allows RTF >= " in line for line in beside), beside
     # text only: the thinker without the speech stages, beside the level with speech
@@ -278,6 +284,17 @@ def test_code2wav_and_batch_phases_pass_on_cpu(tmp_path):
     assert batch["files"] >= 2 and batch["rows_per_s_after_first_file"] > 0
     assert all(v > 0 for v in batch["stage_busy_s"].values())
     assert batch["serve_top_level"] is None  # no standin phase ran: nothing to set beside
+
+
+def test_decode_variants_are_an_sm_cap_in_process_or_both_and_others_are_refused():
+    assert gpu_check.parse_decode_variant("sm50") == ["--sm-percent", "50"]
+    assert gpu_check.parse_decode_variant("inproc") == ["--in-process"]
+    assert gpu_check.parse_decode_variant("sm70+inproc") == ["--sm-percent", "70", "--in-process"]
+    for bad in ("sm0", "sm101", "fast", "sm50+"):
+        with pytest.raises(ValueError, match="decode variant"):
+            gpu_check.parse_decode_variant(bad)
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--decode-variants", "sm50,fast"])
 
 
 def test_targets_say_met_only_within_the_target():

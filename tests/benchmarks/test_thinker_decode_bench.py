@@ -52,3 +52,30 @@ def test_each_format_gets_a_decode_step_per_batch_and_a_failing_one_is_reported(
     (err,) = res["errors"]
     assert err["quantization"] == "no-such-format" and err["rc"] != 0
     assert res["setup"]["shape"] == "smoke" and res["setup"]["eager"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_run_under_an_sm_cap_and_in_process_says_so_and_quits_its_daemon(tmp_path, monkeypatch):
+    """``--sm-percent`` runs the engine as a client of a private MPS daemon (a stand-in for
+    NVIDIA's control binary here, which only GPU machines have) with the SM cap in its
+    environment; ``--in-process`` runs vLLM's engine core in the engine's own process."""
+    import os
+
+    from fake_mps import fake_control
+
+    calls = tmp_path / "calls.txt"
+    fake_control(tmp_path / "bin", calls)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "decode.json"
+    assert main(["--smoke", "--batches", "1", "--sm-percent", "50", "--in-process",
+                 "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    (fmt,) = res["formats"]
+    assert (fmt["sm_percent"], fmt["in_process"]) == ("50", True)  # what the engine ran under
+    assert fmt["levels"]["1"]["step_ms"] > 0
+    assert (res["setup"]["sm_percent"], res["setup"]["in_process"]) == (50, True)
+    started, quit_ = calls.read_text().splitlines()  # one daemon, told to quit after the run
+    assert started.startswith("-d pipe=") and quit_.endswith("stdin=quit")
+    with pytest.raises(SystemExit):
+        main(["--smoke", "--sm-percent", "101"])
