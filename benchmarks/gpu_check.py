@@ -109,7 +109,9 @@ def app_config(model_dir: str, device: str, port: int, *, tiny: bool, dummy: boo
         args["limits"]["max_prompt_tokens"] = min(args["limits"]["max_prompt_tokens"], 1024)
         for stage in STAGES:
             args[stage].update(device="cpu", dtype="float32")
-            args[stage]["engine_resources"] = {"num_cpus": 0, "num_gpus": 0}
+            mps = {k: v for k, v in args[stage].get("engine_resources", {}).items()
+                   if k.startswith("mps_")}  # kept: their path to the engine is checked on CPU
+            args[stage]["engine_resources"] = {"num_cpus": 0, "num_gpus": 0, **mps}
     return cfg
 
 
@@ -360,6 +362,7 @@ def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_p
         dummy = (entry.get("omni_ray") or {}).get("dummy_weights") is True
         chk.line("PASS" if dummy else "FAIL", "standin /v1/models says dummy",
                  json.dumps(entry.get("omni_ray")))
+        engines_mps(chk, url, cfg, "standin")
         if dev == "cuda":  # the vocoder's first calls replay CUDA graphs checked at its start
             rt = httpx.get(f"{url}/debug/stats", timeout=60).json()["code2wav"]["runner_time"]
             n = rt.get("graph_buckets", 0)
@@ -438,6 +441,23 @@ def text_only_bench(chk: Check, url: str, shape: str, base: list[dict]) -> None:
     data = json.loads(path.read_text()) if path.exists() else {}
     data["text_only"] = out
     write(path, data)
+
+
+def engines_mps(chk: Check, url: str, cfg: dict, tag: str) -> None:
+    """Each engine's MPS environment (``/debug/stats``' ``mps``) is what its stage's
+    ``engine_resources`` asks for: the SM shares and priorities an A/B compares are the ones
+    its engines ran under."""
+    import httpx
+
+    from omni_ray.config.serving import OmniServingArgs
+
+    args = OmniServingArgs.model_validate(cfg["applications"][0]["args"])
+    stats = httpx.get(f"{url}/debug/stats", timeout=60).json()
+    got = {s: stats[s].get("mps") for s in STAGES}
+    want = {s: getattr(args, s).engine_resources.env_vars() for s in STAGES}
+    chk.line("PASS" if got == want else "FAIL", f"{tag} engines' MPS settings",
+             ", ".join(f"{s} {got[s] or 'none'}" for s in STAGES)
+             + ("" if got == want else f"; asked {want}"))
 
 
 # Issue 20's targets for the one-H200 Serve app (stand-in, 128 tokens, 150 frames):
@@ -671,6 +691,7 @@ def standin_variant(chk: Check, base_cfg: dict, name: str, overrides: dict,
             chk.line("PASS", f"standin {name} start",
                      f"healthy {st['healthy_s']}s{every_engine(st)} "
                      f"({overrides}{', MPS' if mps else ''})")
+            engines_mps(chk, url, cfg, f"standin {name}")
             levels = serve_bench(chk, url, chk.data["phases"]["standin"]["shape"], st, cfg,
                                  tag=name, log=sr.log)
     chk.data["phases"]["standin_ab"][name]["levels"] = levels

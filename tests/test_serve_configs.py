@@ -121,8 +121,13 @@ def _with(path: str, value) -> dict:
     ("code2wav.backend", "vllm", ["code2wav.backend"]),
     ("thinker.device", "gpu", ["thinker.device", "'cpu', 'cuda' or 'cuda:N'"]),
     ("thinker.engine_resources.num_gpu", 1, ["thinker.engine_resources.num_gpu"]),
+    ("thinker.engine_resources.mps_sm_percent", 0,
+     ["thinker.engine_resources.mps_sm_percent", "greater than or equal to 1"]),
+    ("code2wav.engine_resources.mps_sm_percent", 150,
+     ["code2wav.engine_resources.mps_sm_percent", "less than or equal to 100"]),
 ], ids=["unknown-stage-option", "bad-mode", "bad-dtype", "unknown-deployment-config-key",
-        "vllm-code2wav", "bad-device", "unknown-engine-resource"])
+        "vllm-code2wav", "bad-device", "unknown-engine-resource", "mps-share-zero",
+        "mps-share-over-100"])
 def test_invalid_config_names_the_field(path, value, expected):
     with pytest.raises(ValidationError) as err:
         OmniServingArgs.model_validate(_with(path, value))
@@ -240,3 +245,16 @@ def test_mistyped_checkpoint_fails_the_deploy_not_random_weights(tmp_path):
     with pytest.raises(FileNotFoundError, match="model: no checkpoint directory"):
         build_omni_app({"model": str(missing)})
     assert not missing.exists()
+
+
+def test_mps_settings_are_the_engine_actors_environment():
+    """``engine_resources.mps_*`` -> the variables MPS reads in the engine's process (the
+    stage server passes them as the engine actor's runtime_env; ``/debug/stats`` shows them)."""
+    assert EngineResources().env_vars() == {}
+    assert EngineResources(mps_sm_percent=50).env_vars() == {
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+    assert EngineResources(mps_low_priority=True).env_vars() == {"CUDA_MPS_CLIENT_PRIORITY": "1"}
+    one_gpu = yaml.safe_load((REPO / "serve_configs" / "qwen3_omni_1gpu.yaml").read_text())
+    args = OmniServingArgs.model_validate(one_gpu["applications"][0]["args"])
+    assert args.thinker.engine_resources.env_vars() == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+    assert args.talker.engine_resources.env_vars() == {} == args.code2wav.engine_resources.env_vars()

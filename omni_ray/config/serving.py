@@ -25,6 +25,10 @@ _SERVE_OPTION_KEYS = {
 }
 
 
+# The environment NVIDIA MPS reads in a client process: its SM share, its priority.
+MPS_SM_PERCENT_ENV, MPS_PRIORITY_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_CLIENT_PRIORITY"
+
+
 class EngineResources(BaseModel):
     """Resources of the engine actor that owns a stage replica's model (the replica itself is
     a light async front and takes none)."""
@@ -34,6 +38,25 @@ class EngineResources(BaseModel):
     num_cpus: float = Field(0, ge=0)
     num_gpus: float = Field(0, ge=0)
     resources: dict[str, float] = Field(default_factory=dict)
+    # Stages sharing one GPU through NVIDIA MPS (README.md "On one GPU"); both are ignored
+    # where the GPU is not shared through MPS.
+    mps_sm_percent: int | None = Field(
+        None, ge=1, le=100, description="under MPS: the engine's kernels on at most this share "
+                                        "of the GPU's SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); "
+                                        "unset: all of them")
+    mps_low_priority: bool = Field(
+        False, description="under MPS: the engine is a client of below-normal priority "
+                           "(CUDA_MPS_CLIENT_PRIORITY=1), its kernels scheduled after the "
+                           "other stages' ready ones")
+
+    def env_vars(self) -> dict[str, str]:
+        """The engine actor's environment for the MPS settings above (empty: none set)."""
+        env = {}
+        if self.mps_sm_percent is not None:
+            env[MPS_SM_PERCENT_ENV] = str(self.mps_sm_percent)
+        if self.mps_low_priority:
+            env[MPS_PRIORITY_ENV] = "1"
+        return env
 
 
 class EngineRestartConfig(BaseModel):

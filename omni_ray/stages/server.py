@@ -56,6 +56,8 @@ class StageServer:
         res = cfg.engine_resources
         options = dict(num_cpus=res.num_cpus, num_gpus=res.num_gpus, resources=res.resources,
                        max_concurrency=1000, name=None)
+        if env := res.env_vars():  # MPS share and priority: merged into the inherited env
+            options["runtime_env"] = {"env_vars": env}
         pg = ray.util.get_current_placement_group()
         if pg is not None:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

@@ -181,7 +181,8 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
                              "--rates", "4", "--rate-requests", "3", "--rate-prompt-words", "8,300",
                              "--text-levels", "2",
                              "--ab", "urgent:pipeline.code2wav_urgent_ms=300,"
-                             "code2wav.deployment_config.num_replicas=2",
+                             "code2wav.deployment_config.num_replicas=2,"
+                             "code2wav.engine_resources.mps_low_priority=true",
                              "--ab", "pushone:pipeline.coalesce_pushes=false",
                              "--torch-profile", "2", "--torch-profile-text", "1")
     assert rc == 0, "\n".join(lines)
@@ -197,6 +198,14 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     (phases,) = [line for line in lines if line.startswith("INFO standin start phases")]
     assert all(f"{stage} turn_wait " in phases for stage in ("thinker", "talker", "code2wav"))
     assert any(line.startswith("PASS standin /v1/models says dummy") for line in lines)
+    # the engines run under the MPS share and priority their stage asks for (the yaml's thinker
+    # at half the SMs; the variant's code2wav at low priority), as their environment says
+    (mps,) = [line for line in lines if line.startswith("PASS standin engines' MPS settings")]
+    assert "thinker {'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': '50'}" in mps, mps
+    assert "talker none" in mps and "code2wav none" in mps, mps
+    (mps,) = [line for line in lines
+              if line.startswith("PASS standin urgent engines' MPS settings")]
+    assert "code2wav {'CUDA_MPS_CLIENT_PRIORITY': '1'}" in mps, mps
     assert any(line.startswith("PASS standin speech-out well-formed") for line in lines)
     for name in ("gpu_serve.json", "gpu_serve_urgent.json"):  # the base, then the A/B variant
         serve = json.loads((tmp_path / name).read_text())
