@@ -362,9 +362,9 @@ def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_p
         dummy = (entry.get("omni_ray") or {}).get("dummy_weights") is True
         chk.line("PASS" if dummy else "FAIL", "standin /v1/models says dummy",
                  json.dumps(entry.get("omni_ray")))
-        engines_mps(chk, url, cfg, "standin")
+        stats = engines_mps(chk, url, cfg, "standin")
         if dev == "cuda":  # the vocoder's first calls replay CUDA graphs checked at its start
-            rt = httpx.get(f"{url}/debug/stats", timeout=60).json()["code2wav"]["runner_time"]
+            rt = stats["code2wav"]["runner_time"]
             n = rt.get("graph_buckets", 0)
             chk.line("PASS" if n else "FAIL", "standin code2wav first-call graphs",
                      f"{n} batch buckets captured, each replay == the eager forward at start; "
@@ -443,10 +443,10 @@ def text_only_bench(chk: Check, url: str, shape: str, base: list[dict]) -> None:
     write(path, data)
 
 
-def engines_mps(chk: Check, url: str, cfg: dict, tag: str) -> None:
+def engines_mps(chk: Check, url: str, cfg: dict, tag: str) -> dict:
     """Each engine's MPS environment (``/debug/stats``' ``mps``) is what its stage's
     ``engine_resources`` asks for: the SM shares and priorities an A/B compares are the ones
-    its engines ran under."""
+    its engines ran under. Returns the stats."""
     import httpx
 
     from omni_ray.config.serving import OmniServingArgs
@@ -458,6 +458,7 @@ def engines_mps(chk: Check, url: str, cfg: dict, tag: str) -> None:
     chk.line("PASS" if got == want else "FAIL", f"{tag} engines' MPS settings",
              ", ".join(f"{s} {got[s] or 'none'}" for s in STAGES)
              + ("" if got == want else f"; asked {want}"))
+    return stats
 
 
 # Issue 20's targets for the one-H200 Serve app (stand-in, 128 tokens, 150 frames):

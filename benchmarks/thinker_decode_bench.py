@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import RESULTS_DIR, machine_info, write_json
+from omni_ray.mps import SM_PERCENT_ENV
 
 
 def backbone_config(shape: str, layers: int | None = None) -> dict:
@@ -144,7 +145,7 @@ def one_format(model_dir: str, quantization: str, batches: list[int], prompt_tok
     return dict(quantization=quantization, start_s=round(start_s, 1), routing=routing,
                 levels=levels,
                 # what this process ran under (the parent's --sm-percent / --in-process)
-                sm_percent=os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+                sm_percent=os.environ.get(SM_PERCENT_ENV),
                 in_process=os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0")
 
 
@@ -203,7 +204,7 @@ def main(argv=None) -> int:
             from omni_ray.mps import mps_daemon
 
             env.update(stack.enter_context(mps_daemon(Path(tmp) / "mps")))
-            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(args.sm_percent)
+            env[SM_PERCENT_ENV] = str(args.sm_percent)
         for q in formats:  # each in its own process: the GPU's memory is back after each
             cmd = [sys.executable, "-m", "benchmarks.thinker_decode_bench", "--one", q,
                    "--model-dir", tmp, "--batches", args.batches, "--dtype", args.dtype,

@@ -22,6 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 CONTROL = "nvidia-cuda-mps-control"
+# What MPS reads in a client process's environment: its share of the SMs, its priority (1:
+# below normal). A stage sets them through ``engine_resources.mps_*`` (config/serving.py).
+SM_PERCENT_ENV, PRIORITY_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_CLIENT_PRIORITY"
 
 
 @contextmanager

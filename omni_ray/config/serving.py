@@ -14,6 +14,7 @@ from omni_ray.config import defaults as D
 from omni_ray.config.defaults import DEFAULT_MAX_AUDIO_FRAMES, DEFAULT_MAX_TOKENS, DEFAULT_SPEAKER
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.sampling import THINKER_GREEDY, TALKER_GREEDY, SamplingParams
+from omni_ray.mps import PRIORITY_ENV, SM_PERCENT_ENV
 
 Backend = Literal["transformers", "vllm"]
 _SERVE_OPTION_KEYS = {
@@ -23,10 +24,6 @@ _SERVE_OPTION_KEYS = {
     "placement_group_bundles", "placement_group_strategy", "request_router_config",
     "backpressure_config",
 }
-
-
-# The environment NVIDIA MPS reads in a client process: its SM share, its priority.
-MPS_SM_PERCENT_ENV, MPS_PRIORITY_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_CLIENT_PRIORITY"
 
 
 class EngineResources(BaseModel):
@@ -53,9 +50,9 @@ class EngineResources(BaseModel):
         """The engine actor's environment for the MPS settings above (empty: none set)."""
         env = {}
         if self.mps_sm_percent is not None:
-            env[MPS_SM_PERCENT_ENV] = str(self.mps_sm_percent)
+            env[SM_PERCENT_ENV] = str(self.mps_sm_percent)
         if self.mps_low_priority:
-            env[MPS_PRIORITY_ENV] = "1"
+            env[PRIORITY_ENV] = "1"
         return env
 
 

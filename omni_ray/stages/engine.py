@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 
 from omni_ray.config.request import DOWNSTREAM_LATER, WARMUP_ID_PREFIX, OmniRequest
-from omni_ray.config.serving import MPS_PRIORITY_ENV, MPS_SM_PERCENT_ENV
 from omni_ray.metrics import EngineMetrics
+from omni_ray.mps import PRIORITY_ENV, SM_PERCENT_ENV
 from omni_ray.payload import decode_chunk, encode_chunk
 from omni_ray.pipeline.build import build_stage_logic
 from omni_ray.runners.factory import warm_up_runner
@@ -278,8 +278,7 @@ class StageEngine:
             held_chunks=sum(s.reorder.held for s in self._reqs.values()),
             start_phases=dict(self.start_phases),
             # the GPU share this process runs under, as its environment says (MPS reads it)
-            mps={k: os.environ[k] for k in (MPS_SM_PERCENT_ENV, MPS_PRIORITY_ENV)
-                 if k in os.environ},
+            mps={k: os.environ[k] for k in (SM_PERCENT_ENV, PRIORITY_ENV) if k in os.environ},
             **self.counters,
         )
 

@@ -121,9 +121,11 @@ def test_debug_profile_captures_the_talkers_steps_under_a_request(serve_urls):
     got = r.json()
     assert got["stage"] == "talker" and got["steps"] == 3
     assert any(o["op"].startswith("aten::") for o in got["top_host"])
-    # every op's host time summed covers at least the top ones (no device on CPU: 0)
+    # every op's time summed covers at least the top op's; device time only where there is one
     assert got["host_ms_per_step_total"] >= got["top_host"][0]["host_ms_per_step"] > 0
-    assert got["device_ms_per_step_total"] == 0 and not got["device"]
+    assert (got["device_ms_per_step_total"] > 0) is got["device"]
+    if got["device"]:
+        assert got["device_ms_per_step_total"] >= got["top_device"][0]["device_ms_per_step"]
     for params, field in (({"stage": "vocoder"}, "stage"), ({"stage": "talker", "steps": 0},
                                                              "steps")):
         bad = httpx.get(f"{url}/debug/profile", params=params, timeout=30)
