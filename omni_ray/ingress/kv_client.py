@@ -18,7 +18,10 @@ decode runner started (its own timeout on ``load_kv``, the decode engine died), 
 the request: a second thinker stream into the same talker would duplicate chunks. The ingress
 never asks the sender to release anything; any abort or failure only drops the ingress's ref,
 cancels the decode call it made and reads the prefill stream to its end in the background
-(``_drain``: a stream dropped half-read can keep the KV object referenced).
+(``_drain``: a stream dropped half-read can keep the KV object referenced). Before a local
+prefill, the failed attempt's decode call is read to its end instead of cancelled (``_ended``):
+the decode engine has already ended the request, and the local prefill reuses its id on the same
+deployment, where a cancel's late abort would refuse or kill it.
 """
 
 from __future__ import annotations
@@ -134,7 +137,9 @@ class DisaggPipelineClient(PipelineClient):
             self._abort_if(fault, t)
             # 2) A decode replica registers the request; its engine fetches the KV (TRANSFERRED).
             th = self.thinker.options(stream=True).open.remote(req, downstream, expect_kv=True)
-            engine = await self._wait(t, _first(th, "thinker"), to.load_s + GRACE_S, "decode open")
+            # Timed out: the decode engine may still register the id, so no local prefill of it.
+            engine = await self._wait(t, _first(th, "thinker"), to.load_s + GRACE_S, "decode open",
+                                      safe=lambda e: e is not None)
             t.mark("decode_opened")
             await self._wait(t, engine.fetch_kv.remote(rid, handle, fault.kind),
                              to.transfer_s + GRACE_S, "KV transfer")
@@ -151,6 +156,17 @@ class DisaggPipelineClient(PipelineClient):
             th = None
             self._abort_if(fault, t)
             return engine
+        except KVHandoffFailed as e:
+            if th is not None and e.fallback_safe and self.cfg.fallback == "local_prefill":
+                # The engine fails a request whose fetch or load failed, or that waited too long
+                # for its KV (kv_engine.py): its stream ends within transfer_s + load_s.
+                if await _ended(th, to.transfer_s + to.load_s + GRACE_S):
+                    th = None
+                else:
+                    e.fallback_safe = False
+                    logger.warning("request %s: the decode replica did not end its failed "
+                                   "hand-off; no local prefill", rid)
+            raise
         finally:
             handle = ev = None  # tracebacks keep frames alive: never let one pin the object
             if pre is not None:  # the sender finishes its save and frees its cache by itself
@@ -212,6 +228,20 @@ class DisaggPipelineClient(PipelineClient):
         if fault.abort_at is t.state:
             raise KVInjectedAbort("thinker", f"request aborted at {t.state.name} "
                                              "(x-omni-kv-fault)")
+
+
+async def _ended(gen, timeout_s: float) -> bool:
+    """Read a stage call to its end (its error included); False if it is still going after
+    ``timeout_s``."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for _ in gen:
+                pass
+    except TimeoutError:
+        return False
+    except Exception:  # noqa: BLE001  (the failure the engine ended it with)
+        pass
+    return True
 
 
 def kv_fault_from_header(value: str | None, client: PipelineClient) -> KVFault | None:

@@ -94,7 +94,8 @@ async def _answer(behaviour, ok):
 class World:
     """A prefill deployment, a decode deployment and its engine, scripted per test."""
 
-    def __init__(self, prefill_items=None, fetch=None, load=None, fallback="local_prefill"):
+    def __init__(self, prefill_items=None, fetch=None, load=None, fallback="local_prefill",
+                 decode="ends"):
         self.ref = Ref()
         handle = KVHandle("r1", self.ref, 3, 100, 7)
         self.prefill_items = prefill_items if prefill_items is not None else [
@@ -104,10 +105,20 @@ class World:
         self.engine = Engine(fetch, load)
         self.calls: list[Call] = []
         self.prefill = Deployment(prefill=lambda *a: self._call(self.prefill_items))
-        self.decode = Deployment(open=lambda *a, **kw: self._call([self.engine]))
+        # the hand-off's decode call (the fallback's always ends): it yields the engine and ends
+        # (the engine ended the request), or never ends, or never yields the engine
+        self.decode = decode
+        self.settled_at_open: list[list[tuple[bool, bool]]] = []  # (drained, cancelled) so far
+        self.decode_deployment = Deployment(open=self._decode_open)
         cfg = ThinkerDisaggConfig(fallback=fallback,
                                   timeouts={"prefill_s": 0.3, "transfer_s": 0.2, "load_s": 0.2})
-        self.client = DisaggPipelineClient(self.prefill, self.decode, None, None, cfg)
+        self.client = DisaggPipelineClient(self.prefill, self.decode_deployment, None, None, cfg)
+
+    def _decode_open(self, *a, **kw):
+        self.settled_at_open.append([(c.drained, c.cancelled) for c in self.calls])
+        how = self.decode if kw.get("expect_kv") else "ends"
+        return self._call({"ends": [self.engine], "never_ends": [self.engine, HANG],
+                           "never_opens": [HANG]}[how])
 
     def _call(self, items):
         c = Call(items)
@@ -137,7 +148,7 @@ class World:
 
     @property
     def decode_opens(self) -> list[dict]:
-        return [kw for _, kw in self.decode.open.calls]
+        return [kw for _, kw in self.decode_deployment.open.calls]
 
 
 @pytest.fixture(autouse=True)
@@ -189,6 +200,10 @@ def test_clean_failure_falls_back_to_a_local_prefill(case):
     assert w.decode_opens[-1] == {}  # the fallback: an ordinary thinker open
     assert stream._gens[0][1] is w.calls[-1]
     assert all(c.settled for c in w.calls[:-1])  # every hand-off call cancelled or read out
+    if state in ("EXTRACTED", "TRANSFERRED"):  # the decode replica had the request
+        # its call was read to its end, never cancelled, before the fallback opened the same
+        # id: a cancel's abort still on its way would refuse or kill the local prefill
+        assert w.settled_at_open[-1][1] == (True, False)
     stream.close()
     assert_nothing_live(w)
     w.engine.fetch_kv.calls.clear()
@@ -216,6 +231,18 @@ def test_an_ambiguous_load_never_falls_back(load):
         w.open()
     assert w.transfer()["fallback"] is False and len(w.decode_opens) == 1
     assert all(c.settled for c in w.calls)
+    assert_nothing_live(w)
+
+
+@pytest.mark.parametrize("decode", ["never_ends", "never_opens"])
+def test_an_unsettled_decode_attempt_never_falls_back(decode):
+    """The decode replica keeps (or may yet register) the request's id: a local prefill of the
+    same id there would race its end, so the request ends with the hand-off's error."""
+    w = World(load=KVLoadError("bad cache"), decode=decode)
+    with pytest.raises(StageError, match="KV hand-off failed at "):
+        w.open()
+    assert w.transfer()["fallback"] is False and len(w.decode_opens) == 1
+    assert w.calls[-1].cancelled
     assert_nothing_live(w)
 
 
