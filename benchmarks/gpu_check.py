@@ -132,6 +132,7 @@ class Check:
         self.data: dict = dict(args={k: str(v) for k, v in vars(args).items()}, phases={})
         self.serve_levels: list[dict] = []  # the standin's Serve bench, for the batch phase
         self.base_mps = False  # the standin base under MPS (--standin-set mps=true)
+        self.engine_stages: set[str] = set()  # stages an engine A/B changed (their MPS shares)
 
     def line(self, status: str, name: str, numbers: str = "", **detail) -> bool:
         text = f"{status} {name}: {numbers}"
@@ -326,7 +327,8 @@ def phase_standin(chk: Check) -> None:
             return
         base = standin_base(chk, a, dev, cfg, shape, url, has_proc, res, env)
     for name, overrides in a.ab:  # also when the base did not start (no A/B lines then)
-        if live_fields(overrides) is None:  # the live ones ran on the base's engines
+        # the live ones and the MPS shares ran on the base's app
+        if live_fields(overrides) is None and engine_fields(overrides) is None:
             standin_variant(chk, cfg, name, overrides, base)
 
 
@@ -398,6 +400,11 @@ def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_p
             poisson_bench(chk, url, shape)
         if a.realtime:
             realtime_bench(chk, url)
+        for name, overrides in a.ab:  # A/Bs of stages' MPS shares: their engines replaced
+            if engine_fields(overrides) is not None:
+                if not standin_engine_variant(chk, url, name, overrides, base, shape, st, cfg,
+                                              sr.log):
+                    break  # an engine that did not come back: the app is not the base's now
     return base
 
 
@@ -655,6 +662,70 @@ def standin_live_variant(chk: Check, url: str, name: str, fields: dict, base: li
             chk.line("FAIL", f"standin {name} live restore", f"HTTP {back.status_code}")
     chk.data["phases"]["standin_ab"][name]["levels"] = levels
     ab_lines(chk, name, base, levels)
+
+
+def engine_fields(overrides: dict) -> dict[str, dict] | None:
+    """{stage: {field: value}} when every override is a stage's MPS setting
+    (``<stage>.engine_resources.mps_*``), which the running app takes by replacing that stage's
+    engines (``POST /debug/engines``), else None (a restart)."""
+    from omni_ray.config.serving import MPS_FIELDS
+
+    out: dict[str, dict] = {}
+    for key, value in overrides.items():
+        stage, _, rest = key.partition(".")
+        group, _, field = rest.partition(".")
+        if stage not in STAGES or group != "engine_resources" or field not in MPS_FIELDS:
+            return None
+        out.setdefault(stage, {})[field] = value
+    return out or None
+
+
+ENGINE_VARIANT_S = 300  # a thinker's new engine (~100-150 s warm) and the bench (~100 s)
+
+
+def standin_engine_variant(chk: Check, url: str, name: str, overrides: dict, base: list[dict],
+                           shape: str, st: dict, cfg: dict, log: Path | None) -> bool:
+    """An A/B of stages' MPS shares on the base's app: every stage an engine variant changed
+    so far gets the base's settings with this variant's (``POST /debug/engines``; a replica
+    already under them keeps its engine, the other stages keep theirs), its engines' MPS
+    environment checked, the same bench (``gpu_serve_<name>.json``) and one line per level
+    against the base. False when an engine did not come back."""
+    import httpx
+
+    from omni_ray.config.serving import MPS_FIELDS, OmniServingArgs
+
+    if chk.left_s() < ENGINE_VARIANT_S:
+        chk.line("SKIP", f"standin A/B {name}", f"{chk.left_s():.0f}s left, "
+                 f"{ENGINE_VARIANT_S}s needed")
+        return True
+    args = OmniServingArgs.model_validate(cfg["applications"][0]["args"])
+    chk.engine_stages |= set(engine_fields(overrides))
+    changes = {s: {f: getattr(getattr(args, s).engine_resources, f) for f in MPS_FIELDS}
+               for s in sorted(chk.engine_stages)}
+    for s, fields in engine_fields(overrides).items():
+        changes[s].update(fields)
+    t0 = time.perf_counter()
+    try:
+        r = httpx.post(f"{url}/debug/engines", json=changes, timeout=1800)
+        got, why = (r.json(), None) if r.status_code == 200 else ({}, f"HTTP {r.status_code}: "
+                                                                     f"{r.text[:300]}")
+    except httpx.HTTPError as e:
+        got, why = {}, f"{type(e).__name__}: {e}"
+    renewed = {s: [rep["seconds"] for rep in reps.values() if rep["renewed"]]
+               for s, reps in got.items()}
+    chk.data["phases"].setdefault("standin_ab", {})[name] = dict(
+        overrides=overrides, engines=changes, engines_renewed_s=renewed)
+    chk.line("PASS" if got else "FAIL", f"standin {name} engines renewed", why or (
+        f"{', '.join(f'{s} {v}s' for s, v in renewed.items() if v) or 'none needed'} "
+        f"(in {time.perf_counter() - t0:.0f}s; the other engines kept)"))
+    if not got:
+        return False
+    vcfg = with_overrides(cfg, overrides)  # = the engines now: the others are the base's
+    engines_mps(chk, url, vcfg, f"standin {name}")
+    levels = serve_bench(chk, url, shape, st, vcfg, tag=name, log=log)
+    chk.data["phases"]["standin_ab"][name]["levels"] = levels
+    ab_lines(chk, name, base, levels)
+    return True
 
 
 VARIANT_S = 400  # what an A/B variant needs of the budget (standin_variant)
@@ -1206,7 +1277,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "the key mps=true runs the variant under an MPS daemon (omni_ray/mps.py). "
                          "A variant of live pipeline fields only (config/pipeline.LIVE_FIELDS, "
                          "e.g. pushone:pipeline.coalesce_pushes=false) runs on the base's "
-                         "engines right after its bench, without a restart")
+                         "engines right after its bench, without a restart; one of stages' MPS "
+                         "shares only (<stage>.engine_resources.mps_*, e.g. "
+                         "c2wlow:code2wav.engine_resources.mps_low_priority=true) on the base's "
+                         "app too, only those stages' engines replaced, after the base's "
+                         "profiles and open-loop levels")
     ap.add_argument("--standin-set", default="", metavar="key.path=value[,...]",
                     help="the standin phase's app args changed before it starts (no A/B); "
                          "mps=true runs it under an MPS daemon, and the --ab variants too "

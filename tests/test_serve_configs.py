@@ -258,3 +258,15 @@ def test_mps_settings_are_the_engine_actors_environment():
     args = OmniServingArgs.model_validate(one_gpu["applications"][0]["args"])
     assert args.thinker.engine_resources.env_vars() == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
     assert args.talker.engine_resources.env_vars() == {} == args.code2wav.engine_resources.env_vars()
+
+
+def test_a_running_engine_changes_only_its_mps_settings():
+    """``EngineResources.with_mps``: what ``POST /debug/engines`` may replace an engine with."""
+    res = EngineResources(num_gpus=0.3, mps_sm_percent=50)
+    new = res.with_mps({"mps_sm_percent": 70, "mps_low_priority": True})
+    assert (new.num_gpus, new.mps_sm_percent, new.mps_low_priority) == (0.3, 70, True)
+    assert res.with_mps({"mps_sm_percent": None}).env_vars() == {}
+    with pytest.raises(ValueError, match="^num_gpus: only mps_sm_percent, mps_low_priority"):
+        res.with_mps({"num_gpus": 1})
+    with pytest.raises(ValidationError, match="mps_sm_percent"):
+        res.with_mps({"mps_sm_percent": 0})

@@ -26,6 +26,9 @@ _SERVE_OPTION_KEYS = {
 }
 
 
+MPS_FIELDS = ("mps_sm_percent", "mps_low_priority")  # EngineResources.with_mps
+
+
 class EngineResources(BaseModel):
     """Resources of the engine actor that owns a stage replica's model (the replica itself is
     a light async front and takes none)."""
@@ -45,6 +48,16 @@ class EngineResources(BaseModel):
         False, description="under MPS: the engine is a client of below-normal priority "
                            "(CUDA_MPS_CLIENT_PRIORITY=1), its kernels scheduled after the "
                            "other stages' ready ones")
+
+    def with_mps(self, changes: dict) -> EngineResources:
+        """A copy with MPS fields changed: what a running stage's engine can be replaced with
+        (``POST /debug/engines``). ``ValueError`` naming any other field; pydantic's
+        ``ValidationError`` for a bad value."""
+        other = sorted(set(changes) - set(MPS_FIELDS))
+        if other:
+            raise ValueError(f"{other[0]}: only {', '.join(MPS_FIELDS)} change on a running "
+                             "engine")
+        return EngineResources.model_validate({**self.model_dump(), **changes})
 
     def env_vars(self) -> dict[str, str]:
         """The engine actor's environment for the MPS settings above (empty: none set)."""

@@ -3,9 +3,9 @@
 Routes: ``POST /v1/chat/completions`` (text and/or audio out, streaming or not),
 ``WS /v1/realtime`` (OpenAI's Realtime protocol), ``POST /v1/audio/transcriptions``,
 ``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health``, ``GET /debug/stats``,
-``/debug/timeline``, ``/debug/steps``, ``/debug/profile``, ``POST /debug/pipeline`` (off unless
-enabled). Python callers use ``generate`` and ``speak`` (streams: ``handle.options(stream=True)``)
-and ``transcribe`` through a ``DeploymentHandle``.
+``/debug/timeline``, ``/debug/steps``, ``/debug/profile``, ``POST /debug/pipeline`` and
+``POST /debug/engines`` (off unless enabled). Python callers use ``generate`` and ``speak``
+(streams: ``handle.options(stream=True)``) and ``transcribe`` through a ``DeploymentHandle``.
 """
 
 from __future__ import annotations
@@ -303,6 +303,41 @@ class OmniIngress:
                 quiet = 0 if got["actor_id"] not in engines else quiet + 1
                 engines[got["actor_id"]] = got["pipeline"]
             out[name] = engines
+        return out
+
+    @app.post("/debug/engines")
+    async def debug_engines(self, changes: dict[str, dict] = Body(...)) -> dict:
+        """Replace stages' engines to run under other MPS settings (``{stage: {"mps_sm_percent":
+        70, "mps_low_priority": true}}``, ``engine_resources``' fields): an A/B of a stage's
+        share of the GPU on the running app, the other stages' engines kept
+        (benchmarks/gpu_check.py). 400 naming a stage, field or value; all checked before any
+        engine changes. Stages go one after another (one load on a GPU at a time), each asked
+        until no new replica answers; a replica already under the settings keeps its engine.
+        The answer: per stage, per replica, whether its engine was replaced, in how many
+        seconds, and the MPS environment it runs under now."""
+        self._debug_on()
+        from pydantic import ValidationError
+
+        from omni_ray.config.serving import EngineResources
+
+        for stage, mps in changes.items():
+            self._debug_stage(stage)
+            try:
+                EngineResources().with_mps(mps)
+            except ValidationError as e:
+                err = e.errors()[0]
+                raise bad_request(err["msg"], f"{stage}.{'.'.join(map(str, err['loc']))}") \
+                    from None
+            except ValueError as e:
+                raise bad_request(str(e), f"{stage}.{str(e).split(':')[0]}") from None
+        out = {}
+        for stage, mps in changes.items():
+            handle, replicas, quiet = self.stage_handles[stage], {}, 0
+            while quiet < TUNE_QUIET_CALLS and len(replicas) < TUNE_MAX_ENGINES:
+                got = await handle.renew_engine.remote(mps)
+                quiet = 0 if got["replica"] not in replicas else quiet + 1
+                replicas.setdefault(got["replica"], got)
+            out[stage] = replicas
         return out
 
     @app.get("/debug/profile")

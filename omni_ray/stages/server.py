@@ -40,7 +40,9 @@ class StageServer:
         model_dir = args.checkpoint_dir()
         from omni_ray.metrics import SupervisorMetrics
 
-        self.sup = EngineSupervisor(self.stage, lambda: self._create_engine(args, cfg, model_dir),
+        self.cfg = cfg  # renew_engine replaces it: the next engine is made from it
+        self.sup = EngineSupervisor(self.stage,
+                                    lambda: self._create_engine(args, self.cfg, model_dir),
                                     cfg.engine_restart, SupervisorMetrics(self.stage))
         # ``open``'s arrival here (``replica_open``), joined with the engine's milestones
         self.timeline = Timeline()
@@ -157,6 +159,24 @@ class StageServer:
         """This replica's engine's last steps (stages/step_trace.py)."""
         await self.sup.wait_ready(timeout_s=120)
         return await self.engine.steps.remote(since, limit)
+
+    async def renew_engine(self, mps: dict, timeout_s: float = 900.0) -> dict:
+        """This replica's engine under other MPS settings (``engine_resources``' ``mps_*``,
+        ``POST /debug/engines``): replaced (the supervisor's ``renew``) unless it runs under
+        them already. ``ValueError`` for a field that cannot change. Returns the replica's id,
+        whether the engine was replaced, in how many seconds, and its MPS environment."""
+        from ray import serve
+
+        await self.sup.wait_ready(timeout_s)  # (another call's renewal first)
+        resources = self.cfg.engine_resources.with_mps(mps)
+        t0 = time.monotonic()
+        renewed = resources != self.cfg.engine_resources
+        if renewed:
+            self.cfg = self.cfg.model_copy(update={"engine_resources": resources})
+            await self.sup.renew(", ".join(f"{k} {v}" for k, v in mps.items()), timeout_s)
+        return dict(replica=serve.get_replica_context().replica_id.unique_id, renewed=renewed,
+                    seconds=round(time.monotonic() - t0, 1),
+                    mps=(await self.engine.stats.remote()).get("mps"))
 
     async def request_timeline(self, request_ids: list[str]) -> dict:
         """This replica's engine's milestones of these requests (omni_ray/timeline.py)."""

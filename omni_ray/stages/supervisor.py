@@ -19,6 +19,11 @@ in the background. A standby still loading when the active dies becomes the engi
 for (the usual restart, with a head start). Every death, active or standby, counts against
 ``max_restarts`` per ``window_s``; a standby that dies past the budget is not replaced (the
 active engine keeps serving).
+
+``renew`` replaces the engine on purpose, when ``create()`` now makes it with other settings (a
+stage's MPS share, ``POST /debug/engines``): the old engine and any standby are ended first (one
+load on a GPU at a time), requests are refused meanwhile as in a restart, and no restart budget
+is spent.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class EngineSupervisor:
         self.reason = "engine loading"
         self.restarts = 0  # the active engine replaced (by a new engine or its standby)
         self.promotions = 0  # ... of those, by promoting a loaded standby
+        self.renewals = 0  # the active engine replaced on purpose (``renew``)
+        self._renewing: str | None = None  # why, while a renewal waits for the old one's end
         self.last_failover_s: float | None = None  # death -> new engine ready, the latest one
         self.load_s: float | None = None  # the current engine's creation -> ready
         self._deaths: deque[float] = deque()
@@ -121,6 +128,19 @@ class EngineSupervisor:
             except asyncio.TimeoutError:
                 pass
 
+    async def renew(self, why: str, timeout_s: float | None = None) -> None:
+        """Replace the ready engine with a new one from ``create()`` (its settings changed): the
+        old engine and any standby are ended first, then the new one loads; returns once it is
+        ready (``wait_ready``'s errors). Not a death: ``restarts`` and the budget stay."""
+        await self.wait_ready(timeout_s)
+        self._renewing = why
+        self._set(EngineState.RESTARTING, f"replacing the engine ({why})")
+        standby, _, _ = self._take_standby()
+        if standby is not None:
+            _kill(standby)
+        _kill(self.engine)  # the watch sees it end and creates the new one
+        await self.wait_ready(timeout_s)
+
     def report_death(self, engine, why: str) -> None:
         """A call on ``engine`` found it dead: stop giving it out now (the watch restarts it),
         or promote the loaded standby now."""
@@ -133,7 +153,8 @@ class EngineSupervisor:
 
     def stats(self) -> dict:
         """The supervisor's part of the stage's ``/debug/stats``."""
-        return {"engine_restarts": self.restarts, "engine_load_s": self.load_s,
+        return {"engine_restarts": self.restarts, "engine_renewals": self.renewals,
+                "engine_load_s": self.load_s,
                 "engine_failover_s": self.last_failover_s, "engine_promotions": self.promotions,
                 "standby": self.standby_state, "standby_ready": self.standby_loaded,
                 "standby_warmups": self.standby_warmups,
@@ -180,6 +201,14 @@ class EngineSupervisor:
             if alive:  # its step loop died, the process did not: end it
                 _kill(engine)
             if self.engine is not engine:  # report_death promoted the standby already
+                continue
+            if self._renewing is not None:  # renew() ended it: a new engine, not a death
+                logger.info("%s: engine replaced (%s); the new one loads", self.stage,
+                            self._renewing)
+                self._renewing = None
+                self.renewals += 1
+                self._created = time.monotonic()
+                self.engine = self._create()
                 continue
             # 3) Replace it (its standby, or a new engine), unless engines died too often.
             died_at = time.monotonic()

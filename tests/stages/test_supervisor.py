@@ -312,3 +312,49 @@ def test_documented_restart_defaults_equal_the_config():
     documented = {k: v == "true" if v in ("true", "false") else float(v) for k, v in found}
     assert documented == {k: v if isinstance(v, bool) else float(v)
                           for k, v in EngineRestartConfig().model_dump().items()}
+
+
+@pytest.mark.parametrize("standby", [False, True])
+def test_renew_ends_the_old_engine_and_its_standby_first_and_spends_no_budget(monkeypatch,
+                                                                              standby):
+    """``renew``: the engine made again (other settings) without counting a death; requests
+    are refused while the new one loads, and nothing new is created before the old one ended."""
+    from omni_ray.stages import supervisor
+
+    monkeypatch.setattr(supervisor, "_kill", lambda e: e.kill())
+
+    async def main():
+        engines, live_at_create = [], []
+
+        def create():
+            live_at_create.append(sum(not e.dead.is_set() for e in engines))
+            e = FakeEngine()
+            engines.append(e)
+            return e
+
+        sup = EngineSupervisor("thinker", create, EngineRestartConfig(max_restarts=0,
+                                                                      standby=standby))
+        sup.start()
+        engines[0].loaded.set()
+        await sup.wait_ready(2)
+        if standby:
+            await _until(lambda: len(engines) == 2)
+            engines[1].loaded.set()
+            await _until(lambda: sup.standby_loaded)
+        n = len(engines)
+        task = asyncio.create_task(sup.renew("mps_sm_percent 70", timeout_s=2))
+        await _until(lambda: len(engines) == n + 1)
+        with pytest.raises(EngineUnavailable, match="replacing the engine"):
+            sup.engine_for_request()
+        engines[n].loaded.set()
+        await task
+        if standby:  # the next standby, made by the new create()
+            await _until(lambda: len(engines) == n + 2)
+        return sup, engines, live_at_create, n
+
+    sup, engines, live_at_create, n = asyncio.run(main())
+    assert sup.state is EngineState.READY and sup.engine_for_request() is engines[n]
+    assert all(e.dead.is_set() for e in engines[:n])  # the old engine and its standby
+    assert live_at_create[n] == 0  # ... ended before the new one was created
+    # max_restarts=0: a death would have failed the supervisor; a renewal is not one
+    assert sup.restarts == 0 and sup.renewals == 1 and sup.stats()["engine_renewals"] == 1
