@@ -14,7 +14,7 @@ Mode = Literal["sync", "async_chunk"]
 # of only these run on the base's engines, no restart): each is read per request, message or step
 # by the stage engine or logic, not built into a runner at its start.
 LIVE_FIELDS = ("coalesce_pushes", "stream_interval_ms", "text_chunk_ms", "max_chunks_in_flight",
-               "code2wav_urgent_ms")
+               "code2wav_urgent_ms", "hold_first_chunk_above")
 
 
 class PipelineConfig(BaseModel):
@@ -42,6 +42,14 @@ class PipelineConfig(BaseModel):
     first_chunks_first: bool = Field(
         True, description="code2wav decodes requests' first chunks in a step of their own, "
                           "before the later chunks of others (time to first audio under load)")
+    hold_first_chunk_above: int = Field(
+        0, ge=0, le=4096,
+        description="async_chunk: while more than this many of the talker's requests have not "
+                    "sent their first codec chunk (a burst being admitted, whose long prefill "
+                    "steps slow every stream's next frames), a request's first chunk waits for "
+                    "its second and both go together: its playback starts with both buffered, "
+                    "its first audio that much later. The chunks and the audio do not change. "
+                    "0: off")
     code2wav_urgent_ms: float = Field(
         0.0, ge=0, le=10000,
         description="with first_chunks_first: after the first chunks, code2wav decodes the "

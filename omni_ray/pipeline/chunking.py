@@ -80,7 +80,11 @@ class CodecChunker:
     """Per request: talker frames -> CodecChunks of ``initial`` frames, then ``size`` frames;
     with ``ramp``, each chunk after the first has ``ratio`` x the frames already sent (rounded
     up) up to ``size``: at ratio 1 (1, 1, 2, 4, ...) a chunk takes no longer to make than the
-    audio already sent lasts, at any RTF < 1."""
+    audio already sent lasts, at any RTF < 1.
+
+    ``hold_first`` (set by the talker before the first chunk is complete): the first chunk waits
+    for the second and both go in one ``add``, so playback starts with both buffered. The chunks
+    themselves do not change (nor, in stateful code2wav, the audio)."""
 
     def __init__(self, request_id: str, mode: str, initial: int, size: int, groups: int = 16,
                  ramp: bool = False, ratio: float = 1.0):
@@ -93,6 +97,13 @@ class CodecChunker:
         self.start = 0
         self.pending: list[torch.Tensor] = []
         self.num_pending = 0
+        self.hold_first = False
+        self.held: CodecChunk | None = None  # the first chunk, while it waits for the second
+
+    @property
+    def first_sent(self) -> bool:
+        """The first chunk has gone (not merely been made)."""
+        return self.seq > 0 and self.held is None
 
     def add(self, frames: torch.Tensor, finished: bool,
             reason: FinishReason = FinishReason.NONE) -> list[CodecChunk]:
@@ -106,6 +117,11 @@ class CodecChunker:
             self.want = self._next_size() if self.ramp else self.size
         if finished:
             out.append(self._emit(self.num_pending, True, reason))
+        if self.held is not None and out:
+            out.insert(0, self.held)
+            self.held = None
+        elif self.hold_first and len(out) == 1 and out[0].seq == 0 and not out[0].finished:
+            self.held = out.pop()
         return out
 
     def _next_size(self) -> int:

@@ -54,6 +54,10 @@ class StageLogic:
         """The running app's live pipeline fields (``config/pipeline.LIVE_FIELDS``) changed:
         a stage that reads one of them takes ``pipeline``'s from its next step or request."""
 
+    def counters(self) -> dict[str, int]:
+        """The stage's own counts for ``/debug/stats`` (none here)."""
+        return {}
+
     def step(self) -> list[Emit]:
         """Injected faults, then one runner step: a failed request's output becomes its error
         emit, every other output goes to ``_on_output`` (the stage's routing)."""

@@ -279,7 +279,7 @@ class StageEngine:
             start_phases=dict(self.start_phases),
             # the GPU share this process runs under, as its environment says (MPS reads it)
             mps={k: os.environ[k] for k in (SM_PERCENT_ENV, PRIORITY_ENV) if k in os.environ},
-            **self.counters,
+            **self.counters, **self.logic.counters(),
         )
 
     async def tune(self, fields: dict) -> dict:

@@ -201,3 +201,30 @@ def test_codec_chunker_exact_multiple_ends_without_an_empty_chunk():
     assert a.codes.shape[0] == 4
     (b,) = chunker.add(_frames(4, 25), True, FinishReason.STOP)  # exactly one chunk's worth
     assert b.finished and b.codes.shape[0] == 25 and b.start_frame == 4
+
+
+@settings(max_examples=100, deadline=None)
+@given(counts=st.lists(st.integers(0, 4), min_size=1, max_size=60),
+       initial=st.integers(1, 8), size=st.integers(1, 30), ramp=st.booleans(),
+       reason=st.sampled_from(REASONS))
+def test_a_held_first_chunk_goes_with_the_second_and_nothing_else_changes(counts, initial, size,
+                                                                          ramp, reason):
+    """``hold_first``: the same chunks, but the first leaves in the ``add`` that makes the
+    second (or ends the request), never alone before it."""
+    plain, _ = _run_codec(counts, "async_chunk", initial, size, reason, ramp)
+    chunker = CodecChunker("r", "async_chunk", initial, size, ramp=ramp)
+    chunker.hold_first = True
+    held, made = [], 0
+    for i, n in enumerate(counts):
+        last = i == len(counts) - 1
+        held.append(chunker.add(_frames(made, n), last, reason if last else FinishReason.NONE))
+        made += n
+    flat = [c for out in held for c in out]
+    _check_stream(flat, reason)
+    assert [(c.seq, c.start_frame) for c in flat] == [
+        (c.seq, c.start_frame) for out in plain for c in out]
+    assert torch.equal(torch.cat([c.codes for c in flat]),
+                       torch.cat([c.codes for out in plain for c in out]))
+    (first,) = [out for out in held if out and out[0].seq == 0]
+    assert len(first) >= 2 or first[0].finished  # with the second, or the last chunk alone
+    assert chunker.first_sent and chunker.held is None

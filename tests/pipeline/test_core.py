@@ -688,3 +688,39 @@ def test_the_core_runs_without_ray():
             "bad = [m for m in sys.modules if m.split('.')[0] in ('ray', 'transformers', 'vllm')];"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("above, held", [(0, 0), (1, 4), (3, 4), (4, 0)])
+def test_first_chunks_made_in_a_burst_wait_for_their_second(above, held):
+    """``hold_first_chunk_above``: while more than that many of the talker's requests have not
+    sent a first chunk, a request's first chunk goes together with its second (one step's
+    emits); the answers are the same chunks and audio as without it; a live change (``tune``)
+    takes at the next first chunk."""
+    rids = ["a", "b", "c", "d"]
+    ref = Run()
+    want = {r.request.request_id: r for r in ref.local.run(
+        [req(rid, i + 1, tokens=8) for i, rid in enumerate(rids)])}
+    run = Run()
+    talker = run.logics[1]
+    talker.tune(run.pipeline_cfg.tuned({"hold_first_chunk_above": above}))
+    for i, rid in enumerate(rids):
+        run.local.add(req(rid, i + 1, tokens=8))
+    steps = []
+    while not run.local.all_done():
+        n = len(run.emits)
+        assert run.local.step()
+        steps.append([e for stage, e in run.emits[n:] if stage == "talker" and e.target == "down"])
+    for rid in rids:
+        got = run.local.pop(rid)
+        assert got.text_ids == want[rid].text_ids
+        assert torch.equal(torch.cat(got.audio), torch.cat(want[rid].audio))
+    paired = {}  # whether a request's first chunk left in the same step as its second
+    for rid in rids:
+        (first,) = [[e.item.seq for e in st if e.request_id == rid] for st in steps
+                    if any(e.request_id == rid and e.item.seq == 0 for e in st)]
+        paired[rid] = first[:2] == [0, 1]
+    # all four make their first chunks in the same step, none sent yet: every one waits when
+    # four are more than `above` (never when off)
+    assert talker.counters()["first_chunks_held"] == sum(paired.values()) == held, paired
+    run.assert_clean()
+    assert talker._unheard == set()
