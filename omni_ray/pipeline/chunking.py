@@ -100,11 +100,6 @@ class CodecChunker:
         self.hold_first = False
         self.held: CodecChunk | None = None  # the first chunk, while it waits for the second
 
-    @property
-    def first_sent(self) -> bool:
-        """The first chunk has gone (not merely been made)."""
-        return self.seq > 0 and self.held is None
-
     def add(self, frames: torch.Tensor, finished: bool,
             reason: FinishReason = FinishReason.NONE) -> list[CodecChunk]:
         if frames.numel():

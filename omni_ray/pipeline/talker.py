@@ -19,7 +19,7 @@ class TalkerLogic(StageLogic):
         self.pipeline = pipeline
         self.groups = num_code_groups
         self._chunkers: dict[str, CodecChunker] = {}
-        self._unheard: set[str] = set()  # requests whose first chunk has not gone yet
+        self._silent: set[str] = set()  # requests with no frame yet (waiting to be admitted)
         self._fail: set[str] = set()
         self.first_chunks_held = 0  # (hold_first_chunk_above)
 
@@ -44,7 +44,7 @@ class TalkerLogic(StageLogic):
                                                       p.initial_chunk_frames, p.chunk_frames,
                                                       self.groups, p.ramp_chunks,
                                                       p.ramp_ratio)
-        self._unheard.add(req.request_id)
+        self._silent.add(req.request_id)
 
     def on_chunk(self, chunk: ThinkerChunk) -> list[Emit]:
         if chunk.request_id not in self._chunkers:
@@ -62,14 +62,14 @@ class TalkerLogic(StageLogic):
     def _on_output(self, out) -> list[Emit]:
         rid = out.request_id
         chunker = self._chunkers[rid]
-        if chunker.seq == 0:  # its first chunk may be made now: a burst being admitted?
+        if out.frames.numel():
+            self._silent.discard(rid)
+        if chunker.seq == 0:  # its first chunk may be made now: others still being admitted?
             above = self.pipeline.hold_first_chunk_above
-            chunker.hold_first = 0 < above < len(self._unheard)
+            chunker.hold_first = 0 < above < len(self._silent)
         was_held = chunker.held is not None
         chunks = chunker.add(out.frames, out.finished, out.finish_reason)
         self.first_chunks_held += chunker.held is not None and not was_held
-        if chunker.first_sent:
-            self._unheard.discard(rid)
         emits = [Emit(rid, "down", c, c.finished) for c in chunks]
         if out.finished:
             emits.append(Emit(rid, "out", None, True))
@@ -78,7 +78,7 @@ class TalkerLogic(StageLogic):
 
     def _forget(self, rid: str) -> None:
         self._chunkers.pop(rid, None)
-        self._unheard.discard(rid)
+        self._silent.discard(rid)
         self._fail.discard(rid)
 
     def num_requests(self) -> int:
