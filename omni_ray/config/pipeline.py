@@ -44,12 +44,12 @@ class PipelineConfig(BaseModel):
                           "before the later chunks of others (time to first audio under load)")
     hold_first_chunk_above: int = Field(
         0, ge=0, le=4096,
-        description="async_chunk: when a request's first codec chunk is made while more than "
-                    "this many other talker requests have no frame yet (a burst still being "
-                    "admitted, whose prefill steps slow every stream's next frames), the chunk "
-                    "waits for the request's second and both go together: its playback starts "
-                    "with both buffered, its first audio that much later. The chunks and the "
-                    "audio do not change. 0: off")
+        description="async_chunk: when a request's first codec chunk is made while the "
+                    "talker has more than this many requests (under load every stage's queue "
+                    "is longer, and a stream that starts with one small chunk runs dry before "
+                    "its next), the chunk waits for the request's second and both go "
+                    "together: its playback starts with both buffered, its first audio that "
+                    "much later. The chunks and the audio do not change. 0: off")
     code2wav_urgent_ms: float = Field(
         0.0, ge=0, le=10000,
         description="with first_chunks_first: after the first chunks, code2wav decodes the "

@@ -19,7 +19,6 @@ class TalkerLogic(StageLogic):
         self.pipeline = pipeline
         self.groups = num_code_groups
         self._chunkers: dict[str, CodecChunker] = {}
-        self._silent: set[str] = set()  # requests with no frame yet (waiting to be admitted)
         self._fail: set[str] = set()
         self.first_chunks_held = 0  # (hold_first_chunk_above)
 
@@ -44,7 +43,6 @@ class TalkerLogic(StageLogic):
                                                       p.initial_chunk_frames, p.chunk_frames,
                                                       self.groups, p.ramp_chunks,
                                                       p.ramp_ratio)
-        self._silent.add(req.request_id)
 
     def on_chunk(self, chunk: ThinkerChunk) -> list[Emit]:
         if chunk.request_id not in self._chunkers:
@@ -62,11 +60,9 @@ class TalkerLogic(StageLogic):
     def _on_output(self, out) -> list[Emit]:
         rid = out.request_id
         chunker = self._chunkers[rid]
-        if out.frames.numel():
-            self._silent.discard(rid)
-        if chunker.seq == 0:  # its first chunk may be made now: others still being admitted?
+        if chunker.seq == 0:  # its first chunk may be made now: under load?
             above = self.pipeline.hold_first_chunk_above
-            chunker.hold_first = 0 < above < len(self._silent)
+            chunker.hold_first = 0 < above < len(self._chunkers)
         was_held = chunker.held is not None
         chunks = chunker.add(out.frames, out.finished, out.finish_reason)
         self.first_chunks_held += chunker.held is not None and not was_held
@@ -78,7 +74,6 @@ class TalkerLogic(StageLogic):
 
     def _forget(self, rid: str) -> None:
         self._chunkers.pop(rid, None)
-        self._silent.discard(rid)
         self._fail.discard(rid)
 
     def num_requests(self) -> int:
