@@ -185,7 +185,7 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
                              "code2wav.engine_resources.mps_low_priority=true",
                              "--ab", "pushone:pipeline.coalesce_pushes=false",
                              "--ab", "c2w30:code2wav.engine_resources.mps_sm_percent=30",
-                             "--ab", "thin70:thinker.engine_resources.mps_sm_percent=70",
+                             "--ab", "c2wlow:code2wav.engine_resources.mps_low_priority=true",
                              "--torch-profile", "2", "--torch-profile-text", "1")
     assert rc == 0, "\n".join(lines)
     prof = json.loads((tmp_path / "gpu_profile.json").read_text())  # every stage, under load
@@ -274,21 +274,23 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
         talker = lv["step_profile"]["talker"]  # the change took: one call a chunk
         assert talker["pushes_in"] == talker["chunks_in"] > 0, talker
         assert lv["num_ok"] == lv["num_requests"] == 2
-    # MPS-share variants: on the base's app, only the stages they change get new engines, and
-    # a stage an earlier variant changed gets the base's settings back
+    # MPS-share variants: on the base's app, only the stages they change get new engines (the
+    # thinker and talker keep theirs), and a setting an earlier variant changed goes back to the
+    # base's (the same for a stage: engines of every stage changed so far are sent)
     ab = data["phases"]["standin_ab"]
-    assert "start" not in ab["c2w30"] and "start" not in ab["thin70"]
-    assert set(ab["c2w30"]["engines_renewed_s"]) == {"code2wav"}
-    assert ab["thin70"]["engines"]["code2wav"]["mps_sm_percent"] is None
-    assert ab["thin70"]["engines"]["thinker"]["mps_sm_percent"] == 70
-    assert len(ab["thin70"]["engines_renewed_s"]["code2wav"]) == 1  # back to the base's
+    assert "start" not in ab["c2w30"] and "start" not in ab["c2wlow"]
+    for name in ("c2w30", "c2wlow"):
+        assert set(ab[name]["engines"]) == {"code2wav"}
+        (seconds,) = ab[name]["engines_renewed_s"]["code2wav"]  # one replica, one new engine
+        assert seconds > 0
+    assert ab["c2wlow"]["engines"]["code2wav"] == {"mps_sm_percent": None,
+                                                   "mps_low_priority": True}
     (mps,) = [line for line in lines if line.startswith("PASS standin c2w30 engines' MPS")]
     assert "code2wav {'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': '30'}" in mps, mps
     assert "thinker {'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': '50'}" in mps, mps
-    (mps,) = [line for line in lines if line.startswith("PASS standin thin70 engines' MPS")]
-    assert "thinker {'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': '70'}" in mps, mps
-    assert "code2wav none" in mps, mps
-    for name in ("c2w30", "thin70"):
+    (mps,) = [line for line in lines if line.startswith("PASS standin c2wlow engines' MPS")]
+    assert "code2wav {'CUDA_MPS_CLIENT_PRIORITY': '1'}" in mps, mps
+    for name in ("c2w30", "c2wlow"):
         assert sum(line.startswith(f"INFO A/B {name} c=") for line in lines) == 2
         levels = json.loads((tmp_path / f"gpu_serve_{name}.json").read_text())["levels"]
         assert all(lv["num_ok"] == lv["num_requests"] == 2 for lv in levels)
