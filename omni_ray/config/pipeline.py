@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from omni_ray.config.defaults import (DEFAULT_CODE2WAV_MAX_BATCH, DEFAULT_CODE2WAV_MODE,
                                       DEFAULT_MODE)
@@ -49,7 +49,8 @@ class PipelineConfig(BaseModel):
                     "is longer, and a stream that starts with one small chunk runs dry before "
                     "its next), the chunk waits for the request's second and both go "
                     "together: its playback starts with both buffered, its first audio that "
-                    "much later. The chunks and the audio do not change. 0: off")
+                    "much later. The chunks and the audio do not change. Needs ramp_chunks "
+                    "(a second chunk as small as the first). 0: off")
     code2wav_urgent_ms: float = Field(
         0.0, ge=0, le=10000,
         description="with first_chunks_first: after the first chunks, code2wav decodes the "
@@ -90,6 +91,16 @@ class PipelineConfig(BaseModel):
                           "the receiver's step thread needs (benchmarks/push_fanin_bench.py)")
     max_chunks_in_flight: int = Field(8, ge=1, le=1024,
                                       description="per request and edge, before the sender waits")
+
+    @field_validator("hold_first_chunk_above")
+    @classmethod
+    def _hold_needs_ramp(cls, v: int, info: ValidationInfo) -> int:
+        # without the ramp the second chunk is chunk_frames long: holding the first for it
+        # would delay the first audio by that much (25 frames: 0.8 s at c=8 on the CPU box)
+        if v and not info.data.get("ramp_chunks"):
+            raise ValueError("needs ramp_chunks: true (the second chunk is then as small as "
+                             "the first)")
+        return v
 
     def tuned(self, fields: dict) -> PipelineConfig:
         """This config with ``fields`` changed, for a running app: ``LIVE_FIELDS`` only (the

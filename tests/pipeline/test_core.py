@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.config.request import OmniRequest
@@ -698,8 +699,8 @@ def test_first_chunks_made_under_load_wait_for_their_second(above, held):
     chunk. Here a and b start, c and d join before a's first chunk is made, and e starts
     alone once they are done."""
     reqs = [req(rid, i + 1, tokens=8) for i, rid in enumerate("abcde")]
-    want = {r.request.request_id: r for r in Run().local.run(reqs)}
-    run = Run()
+    want = {r.request.request_id: r for r in Run(ramp_chunks=True).local.run(reqs)}
+    run = Run(ramp_chunks=True)  # chunks of 2, 2, 3, 3, ... frames
     talker = run.logics[1]
     talker.tune(run.pipeline_cfg.tuned({"hold_first_chunk_above": above}))
     run.local.add(reqs[0])
@@ -730,3 +731,14 @@ def test_first_chunks_made_under_load_wait_for_their_second(above, held):
         paired += rid if first[:2] == [0, 1] else ""
     assert paired == held and talker.counters()["first_chunks_held"] == len(held)
     run.assert_clean()
+
+
+def test_holding_a_first_chunk_needs_the_ramp():
+    """Without ``ramp_chunks`` the second chunk is ``chunk_frames`` long: holding the first for
+    it would cost that much first audio, so the config refuses it, naming the field."""
+    with pytest.raises(ValidationError, match="hold_first_chunk_above\n.*needs ramp_chunks"):
+        PipelineConfig(hold_first_chunk_above=8)
+    with pytest.raises(ValidationError, match="hold_first_chunk_above"):
+        PipelineConfig().tuned({"hold_first_chunk_above": 8})
+    assert PipelineConfig(ramp_chunks=True).tuned(
+        {"hold_first_chunk_above": 8}).hold_first_chunk_above == 8
