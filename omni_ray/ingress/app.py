@@ -80,10 +80,24 @@ AUDIO_TOKEN_SAMPLES = 1920
 # A stage that does not answer /health's readiness call in this is not ready (while its replica
 # starts, Serve holds the call until it runs: /health must not wait for that).
 HEALTH_TIMEOUT_S = 2.0
-# POST /debug/pipeline asks each stage until this many calls in a row reach no new engine (Serve
-# routes a call to one replica: two replicas are all reached with p > 0.9999), or this many.
+# POST /debug/pipeline and /debug/engines ask each stage until this many calls in a row reach no
+# new engine or replica (Serve routes a call to one replica: two replicas are all reached with
+# p > 0.9999), or this many.
 TUNE_QUIET_CALLS, TUNE_MAX_ENGINES = 12, 64
 TIMELINE_CALLS = 16  # asks of one stage for its marks, at most (2 replicas: one missed 2^-16)
+
+
+async def _every_replica(call, key: str) -> dict[str, dict]:
+    """Reach every replica of a stage with ``call()`` (one Serve call, which Serve routes to one
+    replica): call until ``TUNE_QUIET_CALLS`` answers in a row name no new ``key`` (an engine's
+    or replica's id), or ``TUNE_MAX_ENGINES`` are known; each one's first answer by its id."""
+    answers: dict[str, dict] = {}
+    quiet = 0
+    while quiet < TUNE_QUIET_CALLS and len(answers) < TUNE_MAX_ENGINES:
+        got = await call()
+        quiet = 0 if got[key] not in answers else quiet + 1
+        answers.setdefault(got[key], got)
+    return answers
 
 
 async def _every_replicas_marks(handle, ids: list[str]) -> dict[str, dict[str, float]]:
@@ -297,12 +311,8 @@ class OmniIngress:
             raise bad_request(str(e), str(e).split()[0].removeprefix("pipeline.")) from None
         out = {}
         for name, handle in self.stage_handles.items():
-            engines, quiet = {}, 0
-            while quiet < TUNE_QUIET_CALLS and len(engines) < TUNE_MAX_ENGINES:
-                got = await handle.tune.remote(fields)
-                quiet = 0 if got["actor_id"] not in engines else quiet + 1
-                engines[got["actor_id"]] = got["pipeline"]
-            out[name] = engines
+            engines = await _every_replica(lambda h=handle: h.tune.remote(fields), "actor_id")
+            out[name] = {engine: got["pipeline"] for engine, got in engines.items()}
         return out
 
     @app.post("/debug/engines")
@@ -332,12 +342,9 @@ class OmniIngress:
                 raise bad_request(str(e), f"{stage}.{str(e).split(':')[0]}") from None
         out = {}
         for stage, mps in changes.items():
-            handle, replicas, quiet = self.stage_handles[stage], {}, 0
-            while quiet < TUNE_QUIET_CALLS and len(replicas) < TUNE_MAX_ENGINES:
-                got = await handle.renew_engine.remote(mps)
-                quiet = 0 if got["replica"] not in replicas else quiet + 1
-                replicas.setdefault(got["replica"], got)
-            out[stage] = replicas
+            handle = self.stage_handles[stage]
+            out[stage] = await _every_replica(lambda h=handle, m=mps: h.renew_engine.remote(m),
+                                              "replica")
         return out
 
     @app.get("/debug/profile")

@@ -61,7 +61,9 @@ def test_the_pushes_change_live_and_bad_fields_are_4xx(serve_urls, offline):
     for fields, param in (({"initial_chunk_frames": 2}, "initial_chunk_frames"),
                           ({"no_such_field": 1}, "no_such_field"),
                           ({"stream_interval_ms": -5}, "stream_interval_ms"),
-                          ({"code2wav_urgent_ms": 20000}, "code2wav_urgent_ms")):
+                          ({"code2wav_urgent_ms": 20000}, "code2wav_urgent_ms"),
+                          # needs ramp_chunks, which this app does not have
+                          ({"hold_first_chunk_above": 4}, "hold_first_chunk_above")):
         r = tune(**fields)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     try:
