@@ -819,6 +819,7 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
     setup = dict(config=str(BASE_CONFIG.relative_to(REPO_ROOT)), shape=shape,
                  model=args["model"], max_tokens=b["max_tokens"], max_audio_frames=b["frames"],
                  num_requests=a.num_requests or "max(2 x concurrency, 8)",
+                 warmup_burst=a.warmup_burst,
                  pipeline=args["pipeline"], thinker=args["thinker"], talker=args["talker"],
                  note="no API way to force exactly max_tokens: output_tokens_mean is what came")
     levels, sfx = [], f" {tag}" if tag else ""
@@ -828,7 +829,8 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
             continue
         mark = _log_size(log)
         run = bench(url, f"standin-{shape}", concurrency=str(c), num_requests=a.num_requests,
-                    max_tokens=b["max_tokens"], max_audio_frames=b["frames"], warmup=1)[0]
+                    max_tokens=b["max_tokens"], max_audio_frames=b["frames"],
+                    warmup=0 if a.warmup_burst else 1, warmup_burst=a.warmup_burst)[0]
         jits = jit_lines(log, mark)
         s, m = run["summary"], run["summary"]["metrics"]
         lv = dict(concurrency=c, ttft_p50_s=m["ttft"]["p50"], ttfa_p50_s=m["ttfa"]["p50"],
@@ -877,6 +879,8 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
                          step_trace.releases_line(tr))
             if tr.get("talker_opening"):
                 chk.line("INFO", f"talker opening burst{sfx} c={c}", step_trace.opening_line(tr))
+            if step_trace.shapes_line(tr):  # what a shape met for the first time costs
+                chk.line("INFO", f"new shapes{sfx} c={c}", step_trace.shapes_line(tr))
         if lv["stall_where"]:  # which chunk came late: requests waiting there, mean wait
             chk.line("INFO", f"stalls by audio played{sfx} c={c}", ", ".join(
                 f"{k} {_f(v['requests_frac'], 2)} ({v['mean_wait_s'] * 1e3:.0f} ms)"
@@ -1319,6 +1323,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "(WS /v1/realtime, benchmarks/realtime_bench.py) on the same app")
     ap.add_argument("--num-requests", type=int, default=0,
                     help="per level; 0: max(2 x concurrency, 8)")
+    ap.add_argument("--warmup-burst", action=argparse.BooleanOptionalAction, default=True,
+                    help="before each standin level (base and variants alike), one unmeasured "
+                    "request per client at once: the first arm of an A/B no longer pays for "
+                    "the shapes the app meets first (session 26: code2wav's steps at c=8 took "
+                    "54 ms in the base's first levels, 25-34 ms in the variants' after it)")
     ap.add_argument("--no-processor", action="store_true",
                     help="tiny checkpoint without processor files (as without torchvision)")
     ap.add_argument("--ray-stop", dest="ray_stop", action="store_true", default=None,

@@ -131,6 +131,9 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
                 raise RuntimeError(f"{label}: warm-up request failed: {rec.error}")
         results = []
         for kind, value in levels:
+            if args.warmup_burst and kind == "concurrency":
+                await warm_up_burst(client, url, bodies(int(value), args.seed + 998), int(value),
+                                    label)
             batch = bodies(requests_per_level(args, value if kind == "concurrency" else 0),
                            args.seed)
             stats_before = await asyncio.to_thread(step_profile.fetch, url,
@@ -161,6 +164,21 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
                                                             samples=step_profile.SAMPLES),
                                     wall)))
     return results
+
+
+async def warm_up_burst(client, url: str, bodies: list[dict], concurrency: int,
+                        label: str) -> None:
+    """One unmeasured request per client, all at once, before a level: what a level's batch
+    shapes first cost (code2wav builds its convolutions' kernels per new batch and chunk length,
+    session 26) falls here, not on whichever arm of an A/B happens to run first."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(bodies), desc=f"{label} warm-up c={concurrency}", leave=False) as pbar:
+        recs, _ = await closed_loop(client, url, bodies, concurrency, pbar)
+    failed = [r.error for r in recs if r.error]
+    if failed:
+        raise RuntimeError(f"{label}: warm-up burst c={concurrency}: {len(failed)} failed, "
+                           f"first: {failed[0]}")
 
 
 async def ttfa_breakdown(url: str, request_ids: list[str | None]) -> dict:
@@ -284,6 +302,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--audio-input-seconds", type=float, default=0.0,
                     help="speech in: a generated wav of this length before each prompt's text")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--warmup-burst", action="store_true",
+                    help="before each concurrency level, one unmeasured request per client, "
+                    "all at once (the level's batch shapes met before it is measured)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="serve_bench", help="results/<out>.json and .png")
     ap.add_argument("--append", action="store_true",

@@ -65,14 +65,33 @@ def _brief(step: dict, t_ref: float) -> dict:
 
 
 def stage_summary(steps: list[dict], t_ref: float, k: int = SLOWEST) -> dict:
-    """Step length p50 / p99 / max (ms) and the ``k`` slowest steps."""
+    """Step length p50 / p99 / max (ms) and the ``k`` slowest steps; for a stage whose runner
+    counts its forwards' new shapes (code2wav), ``new_shapes``: the steps that ran one beside
+    those that did not."""
     ms = sorted(s["ms"] for s in steps)
     if not ms:
         return dict(steps=0)
-    return dict(steps=len(ms), ms_p50=round(statistics.median(ms), 2),
-                ms_p99=round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 2),
-                ms_max=round(ms[-1], 2),
-                slowest=[_brief(s, t_ref) for s in sorted(steps, key=lambda s: -s["ms"])[:k]])
+    out = dict(steps=len(ms), ms_p50=round(statistics.median(ms), 2),
+               ms_p99=round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 2),
+               ms_max=round(ms[-1], 2),
+               slowest=[_brief(s, t_ref) for s in sorted(steps, key=lambda s: -s["ms"])[:k]])
+    if any("forwards" in s["parts"] for s in steps):
+        out["new_shapes"] = shape_split(steps)
+    return out
+
+
+def shape_split(steps: list[dict]) -> dict:
+    """The steps whose forward met a (batch, frames) the runner had not run before against the
+    other steps with a forward: count and p50 / mean ms of each (None for none)."""
+    new = [s["ms"] for s in steps if s["parts"].get("new_shapes")]
+    seen = [s["ms"] for s in steps if s["parts"].get("forwards") and
+            not s["parts"].get("new_shapes")]
+
+    def stats(xs):
+        return dict(steps=len(xs), ms_p50=round(statistics.median(xs), 2) if xs else None,
+                    ms_mean=round(statistics.fmean(xs), 2) if xs else None)
+
+    return dict(new=stats(new), seen=stats(seen))
 
 
 def releases(steps: list[dict], marks: list[dict], stage: str, t_ref: float) -> list[dict]:
@@ -126,7 +145,7 @@ def summarize(trace: dict[str, list[dict]] | None, marks: list[dict], t_ref: flo
 def _parts(p: dict) -> str:
     keys = [k for k in p if k.endswith("_ms") and p[k] >= 1] + \
         [k for k in ("sched_tokens", "sched_prompt_tokens", "sched_new", "sched_held",
-                     "sched_waiting", "prefills", "frames") if p.get(k)]
+                     "sched_waiting", "prefills", "frames", "new_shapes") if p.get(k)]
     return " ".join(f"{k.removesuffix('_ms')} {p[k]:.0f}" for k in keys)
 
 
@@ -166,3 +185,18 @@ def opening_line(summary: dict, factor: float = 2.0, limit: int = 12) -> str:
                 f"+{s['at_s']:.2f}s {s['ms']:.0f} ms ({s['rows']} rows"
                 + (f"; {_parts(s['parts'])}" if s["parts"] else "") + ")" for s in slow)
                 or "none"))
+
+
+def shapes_line(summary: dict, stage: str = "code2wav") -> str:
+    """One line: ``stage``'s steps with a forward of a new shape against the others, or ""
+    when its runner does not count them."""
+    split = (summary.get(stage) or {}).get("new_shapes")
+    if not split:
+        return ""
+
+    def part(d):
+        return (f"{d['steps']} steps" + (f", p50 {d['ms_p50']:.1f} ms, mean {d['ms_mean']:.1f}"
+                                         if d["steps"] else ""))
+
+    return f"{stage} forwards of a new (batch, frames): {part(split['new'])}; the others: " \
+           f"{part(split['seen'])}"

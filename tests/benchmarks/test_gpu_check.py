@@ -231,6 +231,11 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
             assert all(tr[st]["steps"] > 0 for st in ("thinker", "talker", "code2wav")), tr
             assert sum(g["released"] for g in tr["talker_releases"]) == 2
             assert tr["talker_opening"] and tr["talker_opening"][-1]["emits"] > 0
+            # code2wav's forwards of a first-seen (batch, frames) beside the others
+            split = tr["code2wav"]["new_shapes"]
+            assert split["new"]["steps"] + split["seen"]["steps"] > 0, split
+        # each level (base and variant alike) after a warm-up burst of its own concurrency
+        assert serve["setup"]["warmup_burst"] is True
         assert ("poisson" in serve) is (name == "gpu_serve.json")  # open loop: the base only
     assert serve["setup"]["pipeline"]["code2wav_urgent_ms"] == 300  # the variant's args
     # decode: plain vLLM on the thinker's backbone at the levels' batches, beside the app's step
@@ -258,6 +263,7 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     assert lv["ttfa_p99_s"] >= lv["ttfa_p50_s"] > 0 and len(lv["prompt_tokens"]) == 3
     assert 0 <= lv["realtime_frac"] <= 1 and lv["stall_p99_s"] >= 0
     assert sum(line.startswith("INFO A/B urgent c=") for line in lines) == 2
+    assert sum(line.startswith("INFO new shapes c=") for line in lines) == 2  # the base's
     # the variant's two code2wav replicas: both started before its bench, both in its phases
     start = data["phases"]["standin_ab"]["urgent"]["start"]
     assert {"code2wav", "code2wav#2"} <= set(start["start_phases"]), start

@@ -63,3 +63,24 @@ def test_nothing_to_say_without_the_endpoint_or_steps():
     assert step_trace.stage_summary([], T) == dict(steps=0)
     got = step_trace.summarize({"talker": []}, _burst()[1], T)
     assert got["talker_releases"] == [] and step_trace.releases_line(got) == ""
+
+
+def test_steps_that_met_a_new_shape_are_told_apart_from_the_others():
+    """code2wav's step records count its forwards and those of a first-seen (batch, frames);
+    the summary puts the two kinds of step side by side, the line says it, and a stage that
+    counts no forwards (the talker) gets neither."""
+    steps = [_step(0.1, 120, 3, 3, forwards=1, new_shapes=1),
+             _step(0.2, 30, 3, 3, forwards=1),
+             _step(0.3, 100, 5, 5, forwards=1, new_shapes=1),
+             _step(0.4, 20, 5, 5, forwards=1),
+             _step(0.5, 5, 1, 1),  # a replayed first call: no eager forward
+             _step(0.6, 25, 5, 5, forwards=1)]
+    got = step_trace.summarize({"code2wav": steps, "talker": _burst()[0]}, [], T)
+    assert got["code2wav"]["new_shapes"] == dict(
+        new=dict(steps=2, ms_p50=110.0, ms_mean=110.0),
+        seen=dict(steps=3, ms_p50=25.0, ms_mean=25.0))
+    assert step_trace.shapes_line(got) == (
+        "code2wav forwards of a new (batch, frames): 2 steps, p50 110.0 ms, mean 110.0; the "
+        "others: 3 steps, p50 25.0 ms, mean 25.0")
+    assert "new_shapes" not in got["talker"] and step_trace.shapes_line(got, "talker") == ""
+    assert "new_shapes 1" in step_trace.slow_line(got)

@@ -126,6 +126,22 @@ def test_decode_batch_equals_per_request(tiny_sliding):
         assert rel_err(stream.decode(s_b, c), stream.decode(s_a, c)) < TOL
 
 
+def test_forwards_count_the_batch_and_frame_shapes_they_meet_first():
+    """Each eager forward is counted, and counted as new when its (batch, longest new frames)
+    had not run before: on CUDA such a forward first builds its convolutions' kernels, which
+    is what the step records' ``new_shapes`` lets a GPU run tell apart (session 26)."""
+    stream = build_stream(TINY_SLIDING)  # its own: the fixtures' have counted other tests'
+    codes = [random_codes(20, seed=s) for s in range(3)]
+    states = [stream.new_state() for _ in codes]
+    stream.decode_batch(states[:2], [codes[0][:4], codes[1][:2]])    # (2, 4): new
+    stream.decode_batch(states[:2], [codes[0][4:6], codes[1][2:6]])  # (2, 4) again
+    stream.decode(states[2], codes[2][:4])                           # (1, 4): new
+    stream.decode_batch(states, [codes[0][6:9], codes[1][6:7], codes[2][4:5]])  # (3, 3): new
+    stream.decode_batch(states[:2], [codes[0][9:9], codes[1][7:7]])  # no frames: no forward
+    assert (stream.forwards, stream.new_shapes) == (4, 3)
+    assert stream.shapes == {(2, 4), (1, 4), (3, 3)}
+
+
 def test_batched_stream_equals_one_shot(tiny):
     """Three requests streamed together with their own chunkings reproduce their one-shot audio."""
     codes = [random_codes(50, seed=10 + i) for i in range(3)]

@@ -86,11 +86,16 @@ class Code2WavRunner:
 
     @property
     def time_spent(self) -> dict:
-        """Counters for the engine's stats (``/debug/stats``): first calls replayed as CUDA
-        graphs, and the graph buckets captured and checked at start (0 where none)."""
-        graphs = self._stream.first_graphs if self._stream is not None else None
+        """Counters for the engine's stats (``/debug/stats``) and its step records: first calls
+        replayed as CUDA graphs, the graph buckets captured and checked at start (0 where none),
+        and the stateful decoder's eager forwards, and how many of them had a (batch, frames)
+        not run before (on CUDA those build their convolutions' kernels first)."""
+        stream = self._stream
+        graphs = stream.first_graphs if stream is not None else None
         return dict(graph_first_calls=graphs.calls if graphs else 0,
-                    graph_buckets=graphs.ready if graphs else 0)
+                    graph_buckets=graphs.ready if graphs else 0,
+                    forwards=stream.forwards if stream is not None else 0,
+                    new_shapes=stream.new_shapes if stream is not None else 0)
 
     def add_request(self, request_id: str) -> None:
         if request_id in self._reqs:

@@ -122,6 +122,11 @@ class StreamingCode2Wav:
         self.head_dim = attn.head_dim
         self._names = {mod: name for name, mod in model.named_modules()}
         self.first_graphs = None  # FirstCallGraphs (code2wav_graph.py): first calls, replayed
+        # The eager forwards' (batch, frames) so far: on CUDA a forward of a new pair builds its
+        # convolutions' kernels (cuDNN's plans per input shape) before it runs.
+        self.shapes: set[tuple[int, int]] = set()
+        self.forwards = 0
+        self.new_shapes = 0  # forwards of a (batch, frames) not run before
         self._snake_factors: dict[nn.Module, tuple] = {}  # SnakeBeta -> (version, alpha, 1/beta)
         for name, mod in model.named_modules():
             if isinstance(mod, Qwen3OmniMoeCausalConvNet) and mod.stride != 1:
@@ -178,12 +183,21 @@ class StreamingCode2Wav:
         work = [_shallow_copy(states[i]) for i in live]
         new = [codes[i] for i in live]
         graphs = self.first_graphs
-        wavs = (graphs(work, new) if graphs is not None and graphs.applies(work, new)
-                else self._forward(work, new))
+        if graphs is not None and graphs.applies(work, new):
+            wavs = graphs(work, new)
+        else:
+            self._count_shape(len(new), max(int(c.shape[0]) for c in new))
+            wavs = self._forward(work, new)
         for i, w, done in zip(live, wavs, work):
             outs[i] = w
             states[i].__dict__.update(done.__dict__)
         return outs
+
+    def _count_shape(self, batch: int, frames: int) -> None:
+        self.forwards += 1
+        if (batch, frames) not in self.shapes:
+            self.shapes.add((batch, frames))
+            self.new_shapes += 1
 
     # ---- the forward, stage by stage ---------------------------------------------------------
 
