@@ -534,7 +534,9 @@ def profile_line(profile: dict) -> str:
         parts.append(f"{name}: {r['steps_per_s']:.0f} steps/s x{_f(r['requests_per_step'], 1)} "
                      f"{_f(r['ms_per_step'], 1)} ms/step busy {r['share']['step']:.0%} "
                      f"cmds {r['share']['commands']:.0%}" + _pushes(r)
-                     + (f" [{runner}]" if runner else ""))
+                     + (f" [{runner}]" if runner else "")
+                     + (f" first chunks held {r['first_chunks_held']}"
+                        if r.get("first_chunks_held") else ""))
     return "; ".join(parts)
 
 

@@ -6,7 +6,8 @@ replica of a stage, so a stage with several replicas (two talkers under MPS, the
 needs several fetches (``samples``) to see them all. ``diff(before, after, wall_s)`` per stage,
 over the engines seen in both: steps, requests per step, the loop's share of the wall (stepping /
 applying commands and chunks / the rest, idle; per replica), ms per step, and the runner's parts
-in ms per step (the talker's also per frame); ``replicas``: how many engines it sums, and
+in ms per step (the talker's also per frame), and the stage logic's ``COUNTED`` counters;
+``replicas``: how many engines it sums, and
 ``rows_by_replica`` how the level's request-steps split over them. Needs
 ``security.enable_debug_endpoints: true``; without it ``fetch`` returns None.
 """
@@ -16,6 +17,9 @@ from __future__ import annotations
 import httpx
 
 SAMPLES = 8  # fetches a bench makes around a level: two replicas both seen with p > 0.99
+# Stage logic counters a level's row carries (their growth over the level): the talker's first
+# chunks held for their second (pipeline.hold_first_chunk_above).
+COUNTED = ("first_chunks_held",)
 
 
 def fetch(url: str, headers: dict | None = None, samples: int = 1) -> dict | None:
@@ -74,6 +78,9 @@ def diff(before: dict | None, after: dict | None, wall_s: float) -> dict | None:
             row["runner_ms_per_frame"] = {k: 1e3 * v / rt["frames"] for k, v in rt.items()
                                           if k.endswith("_s")}
             row["frames"] = rt["frames"]
+        for key in COUNTED:  # the stage logic's counters, where it keeps them
+            if any(key in a for a, _ in seen):
+                row[key] = sum(a.get(key, 0) - b.get(key, 0) for a, b in seen)
         out[stage] = row
     return out
 

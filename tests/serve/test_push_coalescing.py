@@ -37,6 +37,7 @@ def test_concurrent_chunks_share_calls_and_answers_equal_offline(serve_urls, off
     # every chunk arrived, in fewer calls: the requests' chunks of a thinker step travel together
     assert 0 < talker["pushes_in"] < talker["chunks_in"], talker
     assert 0 < prof["code2wav"]["pushes_in"] <= prof["code2wav"]["chunks_in"], prof["code2wav"]
+    assert talker["first_chunks_held"] == 0  # counted; this app holds none (no hold field)
     for prompt, (text, pcm, finish, _) in zip(PROMPTS, got):
         ref_text, ref_pcm = offline_answer(offline["async_chunk"], text=prompt,
                                            max_tokens=TOKENS)
