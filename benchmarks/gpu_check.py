@@ -131,6 +131,7 @@ class Check:
         self.checks: list[dict] = []
         self.data: dict = dict(args={k: str(v) for k, v in vars(args).items()}, phases={})
         self.serve_levels: list[dict] = []  # the standin's Serve bench, for the batch phase
+        self.base_again: list[dict] | None = None  # its second measurement (--repeat-base)
         self.base_mps = False  # the standin base under MPS (--standin-set mps=true)
         self.engine_stages: set[str] = set()  # stages an engine A/B changed (their MPS shares)
 
@@ -387,6 +388,8 @@ def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_p
         if not has_proc:
             chk.line("SKIP", "standin speech-in well-formed", "no processor files")
         base = chk.serve_levels = serve_bench(chk, url, shape, st, cfg, log=sr.log)
+        if a.repeat_base:
+            repeat_base(chk, url, shape, st, cfg, base, sr.log)
         if a.text_levels:
             text_only_bench(chk, url, shape, base)
         for name, overrides in a.ab:  # A/Bs of live fields: on these engines, no restart
@@ -772,16 +775,42 @@ def standin_variant(chk: Check, base_cfg: dict, name: str, overrides: dict,
     ab_lines(chk, name, base, levels)
 
 
+AB_KEYS = ("ttfa_p50_s", "ttfa_p99_s", "rtf_p50", "rtf_p99", "stall_p99_s", "realtime_frac",
+           "audio_s_per_s")
+
+
 def ab_lines(chk: Check, name: str, base: list[dict], levels: list[dict]) -> None:
-    """One INFO line per level of variant ``name`` against the base's."""
+    """One INFO line per level of variant ``name`` against the base's; with ``--repeat-base``,
+    each number also beside the base's second measurement (``again X``): a variant's change
+    means something only where it is larger than the base's own."""
     by_c = {lv["concurrency"]: lv for lv in base}
+    again = {lv["concurrency"]: lv for lv in (chk.base_again or [])} if name != AGAIN else {}
     for lv in levels:
-        b = by_c.get(lv["concurrency"])
+        b, b2 = by_c.get(lv["concurrency"]), again.get(lv["concurrency"])
         if b:
             chk.line("INFO", f"A/B {name} c={lv['concurrency']}", ", ".join(
-                f"{k} {_f(b[k])} -> {_f(lv[k])}" for k in ("ttfa_p50_s", "ttfa_p99_s", "rtf_p50",
-                                                          "rtf_p99", "stall_p99_s",
-                                                          "realtime_frac", "audio_s_per_s")))
+                f"{k} {_f(b[k])} -> {_f(lv[k])}" + (f" (again {_f(b2[k])})" if b2 else "")
+                for k in AB_KEYS))
+
+
+AGAIN = "again"  # the base's second measurement (--repeat-base)
+
+
+def repeat_base(chk: Check, url: str, shape: str, st: dict, cfg: dict, base: list[dict],
+                log: Path | None) -> None:
+    """The base's config benched a second time on the same app, right after its levels, at
+    the variants' levels (``gpu_serve_again.json``): how far two runs of one config differ
+    (session 26: a level of the base's config moved TTFA p50 by 74 ms and never-stalling from
+    0.56 to 1.00 between two runs), printed beside every variant's numbers."""
+    if chk.left_s() < LIVE_VARIANT_S:
+        chk.line("SKIP", f"standin A/B {AGAIN}", f"{chk.left_s():.0f}s left, "
+                 f"{LIVE_VARIANT_S}s needed")
+        return
+    levels = serve_bench(chk, url, shape, st, cfg, tag=AGAIN, log=log)
+    chk.base_again = levels
+    chk.data["phases"].setdefault("standin_ab", {})[AGAIN] = dict(overrides={}, live=True,
+                                                                 levels=levels)
+    ab_lines(chk, AGAIN, base, levels)
 
 
 JIT_LINE = "JIT compilation during inference: "  # vLLM's kernel JIT monitor (a latency spike)
@@ -1325,6 +1354,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "(WS /v1/realtime, benchmarks/realtime_bench.py) on the same app")
     ap.add_argument("--num-requests", type=int, default=0,
                     help="per level; 0: max(2 x concurrency, 8)")
+    ap.add_argument("--repeat-base", action="store_true",
+                    help="bench the base a second time right after its levels, at the variants' "
+                    "levels (gpu_serve_again.json), and print its numbers beside every A/B "
+                    "line: the spread of one config between two runs")
     ap.add_argument("--warmup-burst", action=argparse.BooleanOptionalAction, default=True,
                     help="before each standin level (base and variants alike), one unmeasured "
                     "request per client at once: the first arm of an A/B no longer pays for "
@@ -1351,6 +1384,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             parse_decode_variant(name)
         except ValueError as e:
             ap.error(f"--decode-variants: {e}")
+    if a.repeat_base and any(name == AGAIN for name, _ in a.ab):
+        ap.error(f"--ab {AGAIN}: that name is --repeat-base's")
     return a
 
 

@@ -179,7 +179,7 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     rc, lines, data = run_check(tmp_path, "--phases", "standin,decode", "--num-requests", "2",
                              "--decode-variants", "inproc",
                              "--rates", "4", "--rate-requests", "3", "--rate-prompt-words", "8,300",
-                             "--text-levels", "2",
+                             "--text-levels", "2", "--repeat-base",
                              "--ab", "urgent:pipeline.code2wav_urgent_ms=300,"
                              "code2wav.deployment_config.num_replicas=2,"
                              "code2wav.engine_resources.mps_low_priority=true",
@@ -276,6 +276,16 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     assert "start" not in data["phases"]["standin_ab"]["pushone"]
     assert data["phases"]["standin_ab"]["pushone"]["live"] is True
     assert sum(line.startswith("INFO A/B pushone c=") for line in lines) == 2
+    # --repeat-base: the base's config benched again right after it, on the same engines, and
+    # its numbers beside every variant's (a change smaller than the base's own means nothing)
+    again = json.loads((tmp_path / "gpu_serve_again.json").read_text())["levels"]
+    assert [lv["concurrency"] for lv in again] == [1, 2]
+    assert all(lv["num_ok"] == lv["num_requests"] == 2 for lv in again)
+    assert data["phases"]["standin_ab"]["again"]["overrides"] == {}
+    assert sum(line.startswith("INFO A/B again c=") for line in lines) == 2
+    for name in ("urgent", "pushone", "c2w30", "c2wlow"):
+        ab = [line for line in lines if line.startswith(f"INFO A/B {name} c=")]
+        assert len(ab) == 2 and all(line.count(" (again ") == 7 for line in ab), ab
     for lv in json.loads((tmp_path / "gpu_serve_pushone.json").read_text())["levels"]:
         talker = lv["step_profile"]["talker"]  # the change took: one call a chunk
         assert talker["pushes_in"] == talker["chunks_in"] > 0, talker
@@ -321,6 +331,12 @@ def test_code2wav_and_batch_phases_pass_on_cpu(tmp_path):
     assert batch["files"] >= 2 and batch["rows_per_s_after_first_file"] > 0
     assert all(v > 0 for v in batch["stage_busy_s"].values())
     assert batch["serve_top_level"] is None  # no standin phase ran: nothing to set beside
+
+
+def test_repeat_base_keeps_its_name():
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--repeat-base", "--ab", "again:pipeline.coalesce_pushes=false"])
+    assert gpu_check.parse_args(["--ab", "again:pipeline.coalesce_pushes=false"]).ab
 
 
 def test_decode_variants_are_an_sm_cap_in_process_or_both_and_others_are_refused():
