@@ -910,8 +910,8 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
                          step_trace.releases_line(tr))
             if tr.get("talker_opening"):
                 chk.line("INFO", f"talker opening burst{sfx} c={c}", step_trace.opening_line(tr))
-            if step_trace.shapes_line(tr):  # what a shape met for the first time costs
-                chk.line("INFO", f"new shapes{sfx} c={c}", step_trace.shapes_line(tr))
+            if shapes := step_trace.shapes_line(tr):  # what a shape met first costs
+                chk.line("INFO", f"new shapes{sfx} c={c}", shapes)
         if lv["stall_where"]:  # which chunk came late: requests waiting there, mean wait
             chk.line("INFO", f"stalls by audio played{sfx} c={c}", ", ".join(
                 f"{k} {_f(v['requests_frac'], 2)} ({v['mean_wait_s'] * 1e3:.0f} ms)"

@@ -126,7 +126,6 @@ class StreamingCode2Wav:
         # convolutions' kernels (cuDNN's plans per input shape) before it runs.
         self.shapes: set[tuple[int, int]] = set()
         self.forwards = 0
-        self.new_shapes = 0  # forwards of a (batch, frames) not run before
         self._snake_factors: dict[nn.Module, tuple] = {}  # SnakeBeta -> (version, alpha, 1/beta)
         for name, mod in model.named_modules():
             if isinstance(mod, Qwen3OmniMoeCausalConvNet) and mod.stride != 1:
@@ -195,9 +194,12 @@ class StreamingCode2Wav:
 
     def _count_shape(self, batch: int, frames: int) -> None:
         self.forwards += 1
-        if (batch, frames) not in self.shapes:
-            self.shapes.add((batch, frames))
-            self.new_shapes += 1
+        self.shapes.add((batch, frames))
+
+    @property
+    def new_shapes(self) -> int:
+        """Forwards of a (batch, frames) not run before: one per shape met."""
+        return len(self.shapes)
 
     # ---- the forward, stage by stage ---------------------------------------------------------
 
