@@ -6,8 +6,9 @@
 export PYTHONPATH=$HOME/site PATH=$HOME/site/bin:$PATH RAY_AUTH_MODE=disabled
 test -d $HOME/site || { echo "no install on this machine"; exit 3; }
 commit=$1; budget=$2; shift 2
+bash $(dirname $0)/caches.sh unpack  # a carried set of compile caches (caches.sh), if any
 rm -rf $HOME/repo $HOME/gpu_out; mkdir -p $HOME/repo $HOME/gpu_out
-tar --exclude=./.devwheels --exclude=./.git --exclude=./.venv -cf - . | tar -C $HOME/repo -xf -
+tar --exclude=./.devwheels --exclude=./.devcache --exclude=./.git --exclude=./.venv -cf - . | tar -C $HOME/repo -xf -
 cd $HOME/repo
 # One detached job: the tests (if any), then gpu_check with what is left of BUDGET_S.
 setsid nohup bash -c 'tests=$0 budget=$1; shift; t0=$SECONDS
