@@ -72,14 +72,16 @@ def test_replayed_first_call_equals_eager_and_continues_exactly(n):
     codes = [random_codes(12, seed=10 + i).cuda() for i in range(n)]
     eager_states = [s.new_state() for _ in codes]
     eager = s.decode_batch(eager_states, [c[:2] for c in codes])
+    assert (s.forwards, s.shapes) == (1, {(n, 2)})  # eager forwards are counted
     s.first_graphs = graphs
     states = [s.new_state() for _ in codes]
     got = s.decode_batch(states, [c[:2] for c in codes])
-    assert graphs.calls == 1
+    assert graphs.calls == 1 and s.forwards == 1  # a replay is not an eager forward
     for a, b in zip(got, eager):
         assert torch.equal(a, b)
     rest = s.decode_batch(states, [c[2:] for c in codes])
     rest_eager = s.decode_batch(eager_states, [c[2:] for c in codes])
+    assert (s.forwards, s.new_shapes) == (3, 2)  # (n, 10) met once, then again
     for a, b in zip(rest, rest_eager):  # the replay's state continues as the eager call's
         assert torch.equal(a, b)
     for b, c in enumerate(codes):  # and the stream stays the one-shot decode, within CUDA's
