@@ -7,7 +7,8 @@
 # not a wrong kernel.
 #   sizes          what each cache holds now (MiB)
 #   pack [K]       all of them as one tar.gz, cut in 15 MiB parts; parts K, K+1, ... (at most 7,
-#                  the device brings back 8 files of 16 MiB a call) copied to $OUT
+#                  the device brings back 8 files of 16 MiB a call) copied to $OUT; refused
+#                  when they hold more than CACHE_MAX_MIB (600) on disk (gzip would eat the lease)
 #   unpack         joins $HOME/stash/cache.tgz.* (carried like the wheels) into place
 dirs=($HOME/.cache/vllm $HOME/.cache/flashinfer $HOME/.triton/cache /tmp/torchinductor_$(whoami))
 case "$1" in
@@ -15,6 +16,10 @@ case "$1" in
     for d in "${dirs[@]}"; do [ -d "$d" ] && du -sm "$d"; done ;;
   pack)
     first=${2:-0}; pack=$HOME/cache_pack
+    total=$(du -smc "${dirs[@]}" 2>/dev/null | tail -1 | cut -f1)
+    if [ ! -d $pack ] && [ "$total" -gt "${CACHE_MAX_MIB:-600}" ]; then
+      echo "cache: $total MiB on disk, over CACHE_MAX_MIB=${CACHE_MAX_MIB:-600}: not packed"; exit 1
+    fi
     if [ ! -d $pack ]; then
       mkdir -p $pack
       existing=(); for d in "${dirs[@]}"; do [ -d "$d" ] && existing+=("$d"); done
