@@ -11,6 +11,7 @@ from omni_ray.payload.chunks import (
     FinishReason,
     TextDelta,
     ThinkerChunk,
+    join_text,
 )
 from omni_ray.payload.codec import decode, decode_chunk, encode, encode_chunk
 from omni_ray.payload.errors import PayloadDecodeError, PayloadEncodeError, PayloadError
@@ -34,4 +35,5 @@ __all__ = [
     "decode_chunk",
     "encode",
     "encode_chunk",
+    "join_text",
 ]
