@@ -81,9 +81,8 @@ class PipelineConfig(BaseModel):
         20.0, ge=0, le=1000,
         description="Serve app: a stage engine sends a request's items to the ingress at most "
                     "once per this many ms, all that is queued in one message (the first item "
-                    "at once; 0: each as it comes); the ingress sends the text of one message "
-                    "as one SSE chunk. Text comes faster than anyone reads it: one hop per "
-                    "token costs the engines' cores more than it gives")
+                    "at once; 0: each as it comes). Text comes faster than anyone reads it: "
+                    "one hop per token costs the engines' cores more than it gives")
     coalesce_pushes: bool = Field(
         True, description="Serve app: an engine sends the chunks its requests push to the next "
                           "stage in one call per receiving engine and turn of its event loop "

@@ -55,7 +55,7 @@ from omni_ray.ingress.pipeline_client import (
 )
 from omni_ray.ingress.sse_response import SSEResponse
 from omni_ray.metrics import IngressMetrics, RequestStatus, RequestTrack
-from omni_ray.payload import AudioChunk, FinishReason, TextDelta, join_text
+from omni_ray.payload import AudioChunk, FinishReason, TextDelta
 from omni_ray.testing import faults
 from omni_ray.timeline import Timeline
 from omni_ray.ingress.speech import SpeechRequest
@@ -694,7 +694,7 @@ class OmniIngress:
         detok = Detokenizer(self.tokenizer)
         n_out, n_samples, reason = 0, 0, FinishReason.NONE
         try:
-            async for item in _joined(stream):
+            async for item in stream:
                 if isinstance(item, TextDelta):
                     n_out += len(item.token_ids)
                     text = detok.add(item.token_ids, item.finished)
@@ -843,14 +843,6 @@ class OmniIngress:
         finally:
             stream.close()  # also when the client left before the first event
         yield "data: [DONE]\n\n"
-
-
-async def _joined(stream: PipelineStream):
-    """The stream's items with the text tokens that arrived together as one ``TextDelta``: one
-    event (one SSE chunk) per engine batch of tokens (``stream_interval_ms``), not per token."""
-    async for batch in stream.batches():
-        for item in join_text(batch):
-            yield item
 
 
 def answer_audio_format(body: ChatCompletionRequest) -> str:

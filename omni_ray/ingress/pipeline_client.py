@@ -115,38 +115,21 @@ class PipelineStream:
         self._gens = gens
         self._tasks: list[asyncio.Task] = []
 
-    async def batches(self) -> AsyncIterator[list]:
-        """The merged items in lists, in order: each list is everything the stages had delivered
-        when the reader came back (never empty). A reader that does per-list work (the ingress:
-        one SSE event for the text of a list) does it once per engine batch
-        (``stream_interval_ms``), not once per token."""
+    async def __aiter__(self) -> AsyncIterator[object]:
         queue: asyncio.Queue = asyncio.Queue()
         try:
             self._tasks = [asyncio.create_task(_pump(name, g, queue)) for name, g in self._gens]
             remaining = len(self._tasks)
             while remaining:
-                entries = [await queue.get()]
-                while not queue.empty():
-                    entries.append(queue.get_nowait())
-                batch: list = []
-                for name, got in entries:
-                    if got is _DONE:
-                        remaining -= 1
-                    elif isinstance(got, BaseException):
-                        if batch:  # what came before the failure still reaches the reader
-                            yield batch
-                        raise StageError(name, _first_line(got)) from got
-                    else:
-                        batch.extend(got)
-                if batch:
-                    yield batch
+                name, item = await queue.get()
+                if item is _DONE:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise StageError(name, _first_line(item)) from item
+                else:
+                    yield item
         finally:
             self.close()
-
-    async def __aiter__(self) -> AsyncIterator[object]:
-        async for batch in self.batches():
-            for item in batch:
-                yield item
 
     def close(self) -> None:
         """Cancel every stage call (idempotent)."""
@@ -204,8 +187,9 @@ def _first_line(e: BaseException, limit: int = 300) -> str:
 
 async def _pump(name: str, gen, queue: asyncio.Queue) -> None:
     try:
-        async for bufs in gen:  # a list per item (StageEngine.stream): one queue entry
-            await queue.put((name, [decode_chunk(buf) for buf in bufs]))
+        async for bufs in gen:  # a list per item (StageEngine.stream)
+            for buf in bufs:
+                await queue.put((name, decode_chunk(buf)))
         await queue.put((name, _DONE))
     except asyncio.CancelledError:
         raise

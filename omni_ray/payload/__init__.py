@@ -11,7 +11,6 @@ from omni_ray.payload.chunks import (
     FinishReason,
     TextDelta,
     ThinkerChunk,
-    join_text,
 )
 from omni_ray.payload.codec import decode, decode_chunk, encode, encode_chunk
 from omni_ray.payload.errors import PayloadDecodeError, PayloadEncodeError, PayloadError
@@ -35,5 +34,4 @@ __all__ = [
     "decode_chunk",
     "encode",
     "encode_chunk",
-    "join_text",
 ]

@@ -143,25 +143,6 @@ class TextDelta:
 
 Chunk = ThinkerChunk | CodecChunk | AudioChunk | TextDelta
 
-
-def join_text(items: list) -> list:
-    """``items`` with each run of consecutive ``TextDelta``s of one request made one (a reader's
-    view, not an edge's: the joined delta keeps the first's ``seq``): token ids concatenated,
-    ``finished`` and ``finish_reason`` of the run's last. Other items keep their places, so text
-    stays in order with the audio around it."""
-    out: list = []
-    for item in items:
-        prev = out[-1] if out else None
-        if (isinstance(item, TextDelta) and isinstance(prev, TextDelta)
-                and prev.request_id == item.request_id and not prev.finished):
-            out[-1] = TextDelta(request_id=prev.request_id, seq=prev.seq,
-                                token_ids=[*prev.token_ids, *item.token_ids],
-                                finished=item.finished, finish_reason=item.finish_reason,
-                                num_prompt_tokens=item.num_prompt_tokens)
-        else:
-            out.append(item)
-    return out
-
 # Class name -> class; the codec tags chunks by class name and decodes only these.
 CHUNK_TYPES: dict[str, type] = {
     cls.__name__: cls for cls in (ThinkerChunk, CodecChunk, AudioChunk, TextDelta)

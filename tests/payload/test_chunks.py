@@ -29,7 +29,6 @@ from omni_ray.payload import (
     decode_chunk,
     encode,
     encode_chunk,
-    join_text,
 )
 
 
@@ -288,24 +287,3 @@ def test_encode_chunk_rejects_non_chunks():
 def test_bad_chunk_inside_a_container_reports_full_path():
     with pytest.raises(PayloadEncodeError, match=r"^obj\['batch'\]\[1\]\.seq: invalid TextDelta"):
         encode({"batch": [text(), text(seq=-2)]})
-
-
-def test_join_text_joins_each_run_of_one_requests_deltas_and_keeps_the_rest_in_place():
-    a = audio(seq=0)
-    got = join_text([text(seq=0, token_ids=[1, 2]), text(seq=1, token_ids=[]),
-                     text(seq=2, token_ids=[3]), a, text(seq=3, token_ids=[4]),
-                     text(seq=4, token_ids=[5], finished=True, finish_reason=FinishReason.STOP),
-                     text(request_id="req-2", seq=0, token_ids=[9])])
-    assert [type(x).__name__ for x in got] == ["TextDelta", "AudioChunk", "TextDelta",
-                                               "TextDelta"]
-    first, _, last, other = got
-    assert (first.seq, first.token_ids, first.finished) == (0, [1, 2, 3], False)
-    assert got[1] is a  # audio keeps its place between the two runs
-    assert (last.seq, last.token_ids, last.finished, last.finish_reason) == (
-        3, [4, 5], True, FinishReason.STOP)
-    assert (other.request_id, other.token_ids) == ("req-2", [9])  # another request: not joined
-    assert last.num_prompt_tokens == first.num_prompt_tokens == 12
-    # nothing is joined onto a finished delta; one item and none come back as they are
-    done = text(token_ids=[1], finished=True, finish_reason=FinishReason.LENGTH)
-    assert join_text([done, text(seq=1, token_ids=[2])])[0] is done
-    assert join_text([a]) == [a] and join_text([]) == []

@@ -87,38 +87,3 @@ def test_the_pushes_change_live_and_bad_fields_are_4xx(serve_urls, offline):
         assert tune(coalesce_pushes=True).status_code == 200
     talker = _answer_all(url)[0]["talker"]
     assert 0 < talker["pushes_in"] < talker["chunks_in"], talker
-
-
-def test_tokens_that_arrive_together_are_one_sse_chunk(serve_urls, offline):
-    """The ingress sends the text tokens of one engine batch as one content chunk (one SSE
-    event), not one a token. With the thinker's ``stream_interval_ms`` at 200 (live), a streamed
-    text answer over the openai client comes in fewer content chunks than tokens, its text the
-    offline pipeline's; at the default again, the answer is unchanged."""
-    import httpx
-    from chat_helpers import client
-
-    url = serve_urls["async_chunk"]
-
-    def stream_text():
-        chunks, usage = [], None
-        for ch in client(url).chat.completions.create(
-                model="qwen3-omni", messages=[{"role": "user", "content": PROMPTS[0]}],
-                modalities=["text"], max_tokens=TOKENS, stream=True,
-                stream_options={"include_usage": True}):
-            usage = ch.usage or usage
-            if ch.choices and ch.choices[0].delta.content:
-                chunks.append(ch.choices[0].delta.content)
-        return chunks, usage.completion_tokens
-
-    ref_text, _ = offline_answer(offline["async_chunk"], text=PROMPTS[0], max_tokens=TOKENS)
-    r = httpx.post(f"{url}/debug/pipeline", json={"stream_interval_ms": 200}, timeout=120)
-    assert r.status_code == 200, r.text
-    try:
-        chunks, tokens = stream_text()
-    finally:
-        assert httpx.post(f"{url}/debug/pipeline", json={"stream_interval_ms": 20},
-                          timeout=120).status_code == 200
-    assert "".join(chunks) == ref_text
-    assert tokens == TOKENS and 1 <= len(chunks) < tokens / 2, (len(chunks), tokens)
-    chunks, tokens = stream_text()
-    assert "".join(chunks) == ref_text and tokens == TOKENS
