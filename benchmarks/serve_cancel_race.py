@@ -15,7 +15,12 @@ never aborted in 8 runs. In both the stage's ``open()`` had yielded and was stil
 Serve's cancel of the stage call never reached the replica. This is the talker request session
 28's CI found left after the disconnect storm (benchmarks/README.md "Session 29").
 
-    python -m benchmarks.serve_cancel_race --calls 600 --runs 4
+``--ingress-aborts both`` alternates runs without and with the ingress aborting the engine itself
+(directly when it has the call's first item, the engine; else through the stage's deployment).
+Session 29, 7 runs of 600 each: claimed and never aborted 6 -> 1, added and never claimed 8-36 a
+run -> 0 in six runs and 1 in the seventh.
+
+    python -m benchmarks.serve_cancel_race --calls 600 --runs 14 --ingress-aborts both
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ class Stage:
             await self.engine.add.remote(rid)
             gen = self.engine.stream.options(num_returns="streaming").remote(rid)
             seen.append("claimed")
-            yield "engine"
+            yield self.engine
             seen.append("yielded")
             async for ref in gen:
                 yield await ref
@@ -92,30 +97,63 @@ class Stage:
     async def seen_by(self, rids: list[str]) -> dict:
         return {r: self.seen.get(r) for r in rids}
 
+    async def abort(self, rid: str) -> bool:
+        """The request's abort through the deployment (one replica here: its engine)."""
+        return await self.engine.abort.remote(rid)
+
 
 @serve.deployment(max_ongoing_requests=1000)
 class Ingress:
-    def __init__(self, stage):
-        self.stage = stage
+    """``aborts``: when a call ends other than by its stream's end, also abort the request in
+    the stage's engine directly: at once when the call's first item (the engine) came, else
+    from a background task that waits for that item (Serve's cancel may be lost)."""
+
+    def __init__(self, stage, aborts: bool):
+        self.stage, self.aborts = stage, aborts
         self.seen: dict[str, list[str]] = {}
+        self.later: set[asyncio.Task] = set()
 
     async def run(self, rid: str) -> None:
         seen = self.seen[rid] = []
         g = self.stage.options(stream=True).open.remote(rid)
+        eng, ended = None, False
         try:
-            await g.__anext__()
+            eng = await g.__anext__()
             seen.append("first")
             async for _ in g:
                 pass
+            ended = True
         except BaseException as e:
             seen.append(type(e).__name__)
             raise
         finally:
-            g.cancel()
+            if not self.aborts or ended:
+                g.cancel()
+            elif eng is not None:
+                g.cancel()
+                eng.abort.remote(rid)
+            else:
+                task = asyncio.get_running_loop().create_task(
+                    abort_when_opened(g, rid, self.stage))
+                self.later.add(task)
+                task.add_done_callback(self.later.discard)
 
     async def seen_by(self, rids: list[str]) -> dict:
         stage = await self.stage.seen_by.remote(rids)
         return {r: dict(ingress=self.seen.get(r), stage=stage.get(r)) for r in rids}
+
+
+async def abort_when_opened(g, rid: str, stage, timeout_s: float = 5.0) -> None:
+    """The call's first item (its engine), then that engine's abort; the call cancelled. When
+    the call gives no first item here (cancelled on this side, perhaps not on the replica's),
+    the abort goes through the stage's deployment instead."""
+    try:
+        eng = await asyncio.wait_for(g.__anext__(), timeout_s)
+        eng.abort.remote(rid)
+    except BaseException:  # noqa: BLE001 - cancelled or failed here: maybe not there
+        await stage.abort.remote(rid)
+    finally:
+        g.cancel()
 
 
 async def storm(handle, calls: int, seed: int) -> None:
@@ -142,8 +180,8 @@ def engine_here():
     return ray.get_actor(ENGINE, namespace=ns)
 
 
-def one_run(calls: int, seed: int, settle_s: float) -> dict:
-    handle = serve.run(Ingress.bind(Stage.bind()), name="cancel_race", route_prefix=None)
+def one_run(calls: int, seed: int, settle_s: float, aborts: bool) -> dict:
+    handle = serve.run(Ingress.bind(Stage.bind(), aborts), name="cancel_race", route_prefix=None)
     asyncio.run(storm(handle, calls, seed))
     time.sleep(settle_s)
     eng = engine_here()
@@ -159,15 +197,22 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=600)
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--settle-s", type=float, default=7.0)
+    ap.add_argument("--ingress-aborts", choices=["off", "on", "both"], default="off",
+                    help="the ingress also aborts the engines itself (both: alternate runs)")
     a = ap.parse_args()
     ray.init(include_dashboard=False, log_to_driver=False)
-    lost = 0
+    arms = {"off": [False], "on": [True], "both": [False, True]}[a.ingress_aborts]
+    lost = {arm: 0 for arm in arms}
     for run in range(a.runs):
-        out = one_run(a.calls, run, a.settle_s)
-        lost += len(out["claimed"])
-        print(f"run {run}: {out['held']} held ({len(out['claimed'])} claimed, never aborted), "
-              f"{out['aborts']} aborts; {out['claimed_seen']}", flush=True)
-    print(f"claimed and never aborted: {lost} in {a.runs} runs of {a.calls} calls")
+        arm = arms[run % len(arms)]
+        out = one_run(a.calls, run, a.settle_s, arm)
+        lost[arm] += len(out["claimed"])
+        print(f"run {run} (ingress aborts {'on' if arm else 'off'}): {out['held']} held "
+              f"({len(out['claimed'])} claimed, never aborted), {out['aborts']} aborts; "
+              f"{out['claimed_seen']}", flush=True)
+    for arm, n in lost.items():
+        print(f"ingress aborts {'on' if arm else 'off'}: {n} claimed and never aborted in "
+              f"{sum(1 for r in range(a.runs) if arms[r % len(arms)] == arm)} runs of {a.calls}")
     serve.shutdown()
 
 
