@@ -60,19 +60,22 @@ class PipelineClient:
         """Open every stage the request needs. Raises ``ValueError`` (invalid input),
         ``StageUnavailable`` or ``StageError``; nothing stays open when it raises."""
         gens: list = []
+        engines: dict = {}  # stage -> its engine, the first item of its call, once it came
         thinker = None
         try:
             if not req.wants_audio:
-                await self._open_thinker(req, None, gens)
-                return PipelineStream(gens)
+                engines["thinker"] = await self._open_thinker(req, None, gens)
+                return PipelineStream(gens, req.request_id, engines, self.handles())
             later = req.without_media()  # the encoders' inputs go to the thinker only
             c2w = self.code2wav.options(stream=True).open.remote(later, None)
             gens.append(("code2wav", c2w))
             tk = self.talker.options(stream=True).open.remote(later, DOWNSTREAM_LATER)
             gens.append(("talker", tk))
             thinker = asyncio.ensure_future(self._open_thinker(req, DOWNSTREAM_LATER, gens))
-            opened = await asyncio.gather(_first(c2w, "code2wav"), _first(tk, "talker"),
-                                          thinker, return_exceptions=True)
+            opened = await asyncio.gather(_first_into(c2w, "code2wav", engines),
+                                          _first_into(tk, "talker", engines),
+                                          _into(thinker, "thinker", engines),
+                                          return_exceptions=True)
             for result in opened:  # the first failure in stage order, as opened one by one
                 if isinstance(result, BaseException):
                     raise result
@@ -88,8 +91,14 @@ class PipelineClient:
                 thinker.cancel()
             for _, g in gens:
                 _cancel(g)
+            abort_stages(req.request_id, gens, engines, self.handles())
             raise
-        return PipelineStream(gens)
+        return PipelineStream(gens, req.request_id, engines, self.handles())
+
+    def handles(self) -> dict:
+        """Each stage's deployment handle, by stage (``abort_stages``' way to an engine whose
+        call gave nothing back)."""
+        return {"thinker": self.thinker, "talker": self.talker, "code2wav": self.code2wav}
 
     async def _open_thinker(self, req: OmniRequest, downstream, gens: list):
         """Open the thinker (appending its call to ``gens``); its engine handle. The
@@ -111,9 +120,12 @@ class PipelineStream:
     """One opened request: iterate once for its merged items; a stage failure raises
     ``StageError``. Leaving the iteration, ``close()`` or dropping it cancels every stage call."""
 
-    def __init__(self, gens: list):
+    def __init__(self, gens: list, request_id: str = "", engines: dict | None = None,
+                 handles: dict | None = None):
         self._gens = gens
         self._tasks: list[asyncio.Task] = []
+        self._rid, self._engines, self._handles = request_id, engines or {}, handles or {}
+        self._ended = False  # every stage's stream came to its end
 
     async def __aiter__(self) -> AsyncIterator[object]:
         queue: asyncio.Queue = asyncio.Queue()
@@ -128,15 +140,19 @@ class PipelineStream:
                     raise StageError(name, _first_line(item)) from item
                 else:
                     yield item
+            self._ended = True
         finally:
             self.close()
 
     def close(self) -> None:
-        """Cancel every stage call (idempotent)."""
+        """Cancel every stage call (idempotent); unless every stage's stream ended, also abort
+        the request in each stage's engine (``abort_stages``)."""
         for t in self._tasks:
             t.cancel()
         for _, g in self._gens:
             _cancel(g)
+        if self._gens and not self._ended and self._rid:
+            abort_stages(self._rid, self._gens, self._engines, self._handles)
         self._tasks, self._gens = [], []
 
     def __del__(self):  # opened but never iterated (e.g. the client left before the body began)
@@ -144,6 +160,44 @@ class PipelineStream:
             self.close()
         except Exception:
             pass
+
+
+_BACKGROUND: set = set()  # abort_stages' tasks, kept until done
+
+
+def abort_stages(rid: str, gens: list, engines: dict, handles: dict) -> None:
+    """Abort ``rid`` in every stage's engine, without relying on Serve's cancel of the stage
+    calls, which can be lost: a stage replica then streams its request for ever (the talker
+    waiting for a thinker chunk that never comes; benchmarks/serve_cancel_race.py). Directly on
+    the engine the call's first item named, else through the stage's deployment (its
+    ``abort``). An abort of a finished request does nothing; of one not yet added, it refuses
+    the late add (stages/tombstones.py)."""
+    for name, _ in gens:
+        engine = engines.get(name)
+        if engine is not None:
+            engine.abort.remote(rid)
+        elif (handle := handles.get(name)) is not None:
+            task = asyncio.get_running_loop().create_task(_abort_through(handle, rid))
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
+
+
+async def _abort_through(handle, rid: str, timeout_s: float = 30.0) -> None:
+    try:
+        await asyncio.wait_for(handle.abort.remote(rid), timeout_s)
+    except BaseException:  # noqa: BLE001 - best effort: the engine's own reaper is the last line
+        pass
+
+
+async def _first_into(gen, name: str, engines: dict):
+    """``_first``, the engine kept in ``engines`` as soon as it comes."""
+    engines[name] = engine = await _first(gen, name)
+    return engine
+
+
+async def _into(fut, name: str, engines: dict):
+    engines[name] = engine = await fut
+    return engine
 
 
 def _cancel(gen) -> None:

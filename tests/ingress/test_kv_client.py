@@ -81,6 +81,7 @@ class Engine:
     def __init__(self, fetch=None, load=None):
         self.fetch_kv = Method(lambda *a: _answer(fetch, {"nbytes": 1}))
         self.load_kv = Method(lambda *a: _answer(load, {"seconds": 0.0}))
+        self.abort = Method(lambda *a: None)  # the ingress's own abort (abort_stages)
 
 
 async def _answer(behaviour, ok):
