@@ -176,10 +176,18 @@ def abort_stages(rid: str, gens: list, engines: dict, handles: dict) -> None:
         engine = engines.get(name)
         if engine is not None:
             engine.abort.remote(rid)
-        elif (handle := handles.get(name)) is not None:
-            task = asyncio.get_running_loop().create_task(_abort_through(handle, rid))
+        elif (handle := handles.get(name)) is not None and (loop := _loop()) is not None:
+            task = loop.create_task(_abort_through(handle, rid))
             _BACKGROUND.add(task)
             task.add_done_callback(_BACKGROUND.discard)
+
+
+def _loop() -> asyncio.AbstractEventLoop | None:
+    """The running loop; None outside one (a ``PipelineStream`` collected off the loop)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 async def _abort_through(handle, rid: str, timeout_s: float = 30.0) -> None:
