@@ -60,11 +60,11 @@ class PipelineClient:
         """Open every stage the request needs. Raises ``ValueError`` (invalid input),
         ``StageUnavailable`` or ``StageError``; nothing stays open when it raises."""
         gens: list = []
-        engines: dict = {}  # stage -> its engine, the first item of its call, once it came
+        engines: dict = {}  # stage -> its engine (its call's first item), None: its call failed
         thinker = None
         try:
             if not req.wants_audio:
-                engines["thinker"] = await self._open_thinker(req, None, gens)
+                await _into(self._open_thinker(req, None, gens), "thinker", engines)
                 return PipelineStream(gens, req.request_id, engines, self.handles())
             later = req.without_media()  # the encoders' inputs go to the thinker only
             c2w = self.code2wav.options(stream=True).open.remote(later, None)
@@ -72,8 +72,8 @@ class PipelineClient:
             tk = self.talker.options(stream=True).open.remote(later, DOWNSTREAM_LATER)
             gens.append(("talker", tk))
             thinker = asyncio.ensure_future(self._open_thinker(req, DOWNSTREAM_LATER, gens))
-            opened = await asyncio.gather(_first_into(c2w, "code2wav", engines),
-                                          _first_into(tk, "talker", engines),
+            opened = await asyncio.gather(_into(_first(c2w, "code2wav"), "code2wav", engines),
+                                          _into(_first(tk, "talker"), "talker", engines),
                                           _into(thinker, "thinker", engines),
                                           return_exceptions=True)
             for result in opened:  # the first failure in stage order, as opened one by one
@@ -120,11 +120,10 @@ class PipelineStream:
     """One opened request: iterate once for its merged items; a stage failure raises
     ``StageError``. Leaving the iteration, ``close()`` or dropping it cancels every stage call."""
 
-    def __init__(self, gens: list, request_id: str = "", engines: dict | None = None,
-                 handles: dict | None = None):
+    def __init__(self, gens: list, request_id: str, engines: dict, handles: dict):
         self._gens = gens
         self._tasks: list[asyncio.Task] = []
-        self._rid, self._engines, self._handles = request_id, engines or {}, handles or {}
+        self._rid, self._engines, self._handles = request_id, engines, handles
         self._ended = False  # every stage's stream came to its end
 
     async def __aiter__(self) -> AsyncIterator[object]:
@@ -151,7 +150,7 @@ class PipelineStream:
             t.cancel()
         for _, g in self._gens:
             _cancel(g)
-        if self._gens and not self._ended and self._rid:
+        if self._gens and not self._ended:
             abort_stages(self._rid, self._gens, self._engines, self._handles)
         self._tasks, self._gens = [], []
 
@@ -169,13 +168,15 @@ def abort_stages(rid: str, gens: list, engines: dict, handles: dict) -> None:
     """Abort ``rid`` in every stage's engine, without relying on Serve's cancel of the stage
     calls, which can be lost: a stage replica then streams its request for ever (the talker
     waiting for a thinker chunk that never comes; benchmarks/serve_cancel_race.py). Directly on
-    the engine the call's first item named, else through the stage's deployment (its
-    ``abort``). An abort of a finished request does nothing; of one not yet added, it refuses
-    the late add (stages/tombstones.py)."""
+    the engine the call's first item named; where that item has not come, through the stage's
+    deployment (its ``abort``); nowhere for a call that failed (``engines[name] is None``: it
+    ended there, and a refusal under load is not answered with more calls). An abort of a
+    finished request does nothing; of one not yet added, it refuses the late add
+    (stages/tombstones.py)."""
     for name, _ in gens:
-        engine = engines.get(name)
-        if engine is not None:
-            engine.abort.remote(rid)
+        if name in engines:
+            if engines[name] is not None:
+                engines[name].abort.remote(rid)
         elif (handle := handles.get(name)) is not None and (loop := _loop()) is not None:
             task = loop.create_task(_abort_through(handle, rid))
             _BACKGROUND.add(task)
@@ -197,14 +198,14 @@ async def _abort_through(handle, rid: str, timeout_s: float = 30.0) -> None:
         pass
 
 
-async def _first_into(gen, name: str, engines: dict):
-    """``_first``, the engine kept in ``engines`` as soon as it comes."""
-    engines[name] = engine = await _first(gen, name)
-    return engine
-
-
-async def _into(fut, name: str, engines: dict):
-    engines[name] = engine = await fut
+async def _into(first, name: str, engines: dict):
+    """Await a stage call's first item (its engine), kept in ``engines`` as soon as it comes;
+    None there when the call failed instead (a cancel leaves no entry: the call may be live)."""
+    try:
+        engines[name] = engine = await first
+    except Exception:
+        engines[name] = None
+        raise
     return engine
 
 
