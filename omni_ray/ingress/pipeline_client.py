@@ -7,7 +7,8 @@ does not); it fails before any output when a stage rejects the request (the earl
 code2wav, talker, thinker order names the error, as when they opened one after another); the
 returned ``PipelineStream`` merges
 the thinker's text and code2wav's audio into one stream. On any error, cancel or client
-disconnect every stage call is cancelled, which aborts the request in each engine.
+disconnect every stage call is cancelled, which aborts the request in each engine, and unless
+every stage's stream ended the ingress also aborts it there itself (ingress/stage_aborts.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator
 
 from omni_ray.config.request import DOWNSTREAM_LATER, OmniRequest
 from omni_ray.exceptions import EngineUnavailable
+from omni_ray.ingress.stage_aborts import StageReach, abort_stages
 from omni_ray.payload import decode_chunk
 
 _DONE = object()
@@ -55,6 +57,8 @@ class PipelineClient:
         ``thinker_sent`` mark; None: no marks."""
         self.thinker, self.talker, self.code2wav = thinker, talker, code2wav
         self.timeline = timeline
+        # how abort_stages reaches an engine a request's call has not named
+        self.reach = StageReach({"thinker": thinker, "talker": talker, "code2wav": code2wav})
 
     async def open(self, req: OmniRequest) -> "PipelineStream":
         """Open every stage the request needs. Raises ``ValueError`` (invalid input),
@@ -65,7 +69,7 @@ class PipelineClient:
         try:
             if not req.wants_audio:
                 await _into(self._open_thinker(req, None, gens), "thinker", engines)
-                return PipelineStream(gens, req.request_id, engines, self.handles())
+                return PipelineStream(gens, req.request_id, engines, self.reach)
             later = req.without_media()  # the encoders' inputs go to the thinker only
             c2w = self.code2wav.options(stream=True).open.remote(later, None)
             gens.append(("code2wav", c2w))
@@ -91,14 +95,11 @@ class PipelineClient:
                 thinker.cancel()
             for _, g in gens:
                 _cancel(g)
-            abort_stages(req.request_id, gens, engines, self.handles())
+            abort_stages(req.request_id, gens, engines, self.reach)
             raise
-        return PipelineStream(gens, req.request_id, engines, self.handles())
-
-    def handles(self) -> dict:
-        """Each stage's deployment handle, by stage (``abort_stages``' way to an engine whose
-        call gave nothing back)."""
-        return {"thinker": self.thinker, "talker": self.talker, "code2wav": self.code2wav}
+        finally:
+            self.reach.note(engines)
+        return PipelineStream(gens, req.request_id, engines, self.reach)
 
     async def _open_thinker(self, req: OmniRequest, downstream, gens: list):
         """Open the thinker (appending its call to ``gens``); its engine handle. The
@@ -120,10 +121,10 @@ class PipelineStream:
     """One opened request: iterate once for its merged items; a stage failure raises
     ``StageError``. Leaving the iteration, ``close()`` or dropping it cancels every stage call."""
 
-    def __init__(self, gens: list, request_id: str, engines: dict, handles: dict):
+    def __init__(self, gens: list, request_id: str, engines: dict, reach: StageReach):
         self._gens = gens
         self._tasks: list[asyncio.Task] = []
-        self._rid, self._engines, self._handles = request_id, engines, handles
+        self._rid, self._engines, self._reach = request_id, engines, reach
         self._ended = False  # every stage's stream came to its end
 
     async def __aiter__(self) -> AsyncIterator[object]:
@@ -151,7 +152,7 @@ class PipelineStream:
         for _, g in self._gens:
             _cancel(g)
         if self._gens and not self._ended:
-            abort_stages(self._rid, self._gens, self._engines, self._handles)
+            abort_stages(self._rid, self._gens, self._engines, self._reach)
         self._tasks, self._gens = [], []
 
     def __del__(self):  # opened but never iterated (e.g. the client left before the body began)
@@ -159,43 +160,6 @@ class PipelineStream:
             self.close()
         except Exception:
             pass
-
-
-_BACKGROUND: set = set()  # abort_stages' tasks, kept until done
-
-
-def abort_stages(rid: str, gens: list, engines: dict, handles: dict) -> None:
-    """Abort ``rid`` in every stage's engine, without relying on Serve's cancel of the stage
-    calls, which can be lost: a stage replica then streams its request for ever (the talker
-    waiting for a thinker chunk that never comes; benchmarks/serve_cancel_race.py). Directly on
-    the engine the call's first item named; where that item has not come, through the stage's
-    deployment (its ``abort``); nowhere for a call that failed (``engines[name] is None``: it
-    ended there, and a refusal under load is not answered with more calls). An abort of a
-    finished request does nothing; of one not yet added, it refuses the late add
-    (stages/tombstones.py)."""
-    for name, _ in gens:
-        if name in engines:
-            if engines[name] is not None:
-                engines[name].abort.remote(rid)
-        elif (handle := handles.get(name)) is not None and (loop := _loop()) is not None:
-            task = loop.create_task(_abort_through(handle, rid))
-            _BACKGROUND.add(task)
-            task.add_done_callback(_BACKGROUND.discard)
-
-
-def _loop() -> asyncio.AbstractEventLoop | None:
-    """The running loop; None outside one (a ``PipelineStream`` collected off the loop)."""
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-async def _abort_through(handle, rid: str, timeout_s: float = 30.0) -> None:
-    try:
-        await asyncio.wait_for(handle.abort.remote(rid), timeout_s)
-    except BaseException:  # noqa: BLE001 - best effort: the engine's own reaper is the last line
-        pass
 
 
 async def _into(first, name: str, engines: dict):
