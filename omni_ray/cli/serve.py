@@ -76,7 +76,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         from omni_ray.builders.app import build_omni_app
 
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        # Ctrl-C stops it even where its parent ignored SIGINT (a shell's background job or
+        # nohup pass the ignore down, and Python then never raises KeyboardInterrupt)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.default_int_handler)
         ray.init(ignore_reinit_error=True)
         try:
             serve.start(http_options={"host": host, "port": listen_port})
