@@ -31,27 +31,39 @@ import httpx
 
 STAGES = ("thinker", "talker", "code2wav")
 SLOWEST = 5  # steps listed per stage
-SAMPLES = 4  # fetches per stage: a stage with two replicas is seen whole with p > 0.9
+SAMPLES = 12  # calls per stage: a stage with two replicas is seen whole but with p = 2^-11
+FULL_EXTRA = 8  # more full fetches at most, for an engine a probe found
 OPENING_CAP = 400  # steps kept of a level's opening burst
 
 
 def fetch(url: str, since: float, stages=STAGES, samples: int = SAMPLES,
           headers: dict | None = None) -> dict[str, list[dict]] | None:
     """``{stage: steps}`` that began at or after wall time ``since``, each replica's steps
-    merged in time order (each GET reaches one replica: ``samples`` per stage)."""
+    merged in time order. Each GET reaches one replica, chosen by Serve: the first fetches the
+    steps, the next ``samples - 1`` only probe for another engine (one step each), and a new one
+    is fetched whole (at most ``FULL_EXTRA`` more GETs)."""
     out: dict[str, list[dict]] = {}
     for stage in stages:
         by_engine: dict[str, list[dict]] = {}
-        for _ in range(samples):
-            r = httpx.get(f"{url}/debug/steps", params=dict(stage=stage, since=since, limit=8192),
-                          headers=headers, timeout=60)
+        pending: set[str] = set()  # engines a probe found, not yet fetched whole
+        for i in range(samples + FULL_EXTRA):
+            if i >= samples and not pending:
+                break
+            full = not by_engine or bool(pending)
+            r = httpx.get(f"{url}/debug/steps", headers=headers, timeout=60,
+                          params=dict(stage=stage, since=since, limit=8192 if full else 1))
             if r.status_code == 404:
                 return None
             if r.status_code == 400:  # a stage this app does not run (text only)
                 break
             r.raise_for_status()
             got = r.json()
-            by_engine[got["actor_id"]] = [dict(s, engine=got["actor_id"]) for s in got["steps"]]
+            engine = got["actor_id"]
+            if full:
+                by_engine[engine] = [dict(s, engine=engine) for s in got["steps"]]
+                pending.discard(engine)
+            elif engine not in by_engine:
+                pending.add(engine)
         if by_engine:
             out[stage] = sorted((s for steps in by_engine.values() for s in steps),
                                 key=lambda s: s["t"])

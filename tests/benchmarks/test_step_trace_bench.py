@@ -84,3 +84,36 @@ def test_steps_that_met_a_new_shape_are_told_apart_from_the_others():
         "others: 3 steps, p50 25.0 ms, mean 25.0")
     assert "new_shapes" not in got["talker"] and step_trace.shapes_line(got, "talker") == ""
     assert "new_shapes 1" in step_trace.slow_line(got)
+
+
+class _TwoReplicas:
+    """``GET /debug/steps`` of a stage with two replicas, Serve's routing given as a pattern:
+    each answer is the last ``limit`` steps of the replica the pattern names."""
+
+    def __init__(self, pattern: str):
+        self.pattern, self.limits = pattern, []
+        self.steps = {e: [dict(t=T + i, ms=1.0 + i) for i in range(3)] for e in "ab"}
+
+    def get(self, url, params, headers=None, timeout=None):
+        import httpx
+
+        engine = self.pattern[len(self.limits) % len(self.pattern)]
+        self.limits.append(params["limit"])
+        body = {"actor_id": engine, "steps": self.steps[engine][-params["limit"]:]}
+        return httpx.Response(200, json=body, request=httpx.Request("GET", url))
+
+
+def test_fetch_finds_the_replica_serve_rarely_routes_to_and_fetches_it_whole(monkeypatch):
+    stage = _TwoReplicas("aaaaabaaabaaaaaaaaaa")  # the 6th and the 10th calls reach b
+    monkeypatch.setattr(step_trace.httpx, "get", stage.get)
+    got = step_trace.fetch("http://app", T, stages=("talker",))
+    assert sorted((s["engine"], s["ms"]) for s in got["talker"]) == [
+        (e, 1.0 + i) for e in "ab" for i in range(3)]  # both engines' steps, whole
+    # one full fetch, probes of one step, full fetches until one reaches b, probes again
+    assert stage.limits == [8192, 1, 1, 1, 1, 1, 8192, 8192, 8192, 8192] + [1] * (
+        step_trace.SAMPLES - 10)
+    stage = _TwoReplicas("abb")
+    monkeypatch.setattr(step_trace.httpx, "get", stage.get)
+    got = step_trace.fetch("http://app", T, stages=("talker",))
+    assert len(got["talker"]) == 6  # b found by the first probe, fetched by the next call
+    assert stage.limits == [8192, 1, 8192] + [1] * (step_trace.SAMPLES - 3)
