@@ -144,27 +144,39 @@ def test_engines_not_named_lately_are_forgotten():
     assert reach.recent("talker") == [a, b] and old not in reach._seen["talker"]
 
 
+class Stage:
+    """A stage's deployment for ``PipelineClient``: each ``open`` call names ``engine`` first,
+    or fails with ``error`` before naming any."""
+
+    def __init__(self, engine=None, error: Exception | None = None):
+        self.engine, self.error = engine, error
+        self.open = self
+
+    def options(self, **_):
+        return self
+
+    def remote(self, req, downstream):
+        return Failing(self.error) if self.error else Call([self.engine])
+
+
+class Failing(Call):
+    def __init__(self, error: Exception):
+        super().__init__()
+        self.error = error
+
+    async def __anext__(self):
+        raise self.error
+
+
 def test_a_real_client_remembers_the_engines_its_requests_named():
-    """``PipelineClient.open`` notes each stage call's engine, also when the open fails."""
+    """``PipelineClient.open`` notes each stage call's engine, on success and when it fails."""
+    import pytest
+
     from omni_ray.config.request import OmniRequest
     from omni_ray.ingress.pipeline_client import PipelineClient
 
     engine = Engine()
-
-    class Thinker:
-        """The thinker's deployment: its stream names ``engine``, then ends."""
-
-        def options(self, **_):
-            return self
-
-        @property
-        def open(self):
-            return self
-
-        def remote(self, req, downstream):
-            return Call([engine])
-
-    client = PipelineClient(Thinker(), None, None)
+    client = PipelineClient(Stage(engine), None, None)
     req = OmniRequest(request_id=RID, prompt_token_ids=[1, 2, 3], modalities=["text"])
 
     async def text_only():
@@ -174,3 +186,14 @@ def test_a_real_client_remembers_the_engines_its_requests_named():
     asyncio.run(text_only())
     assert client.reach.recent("thinker") == [engine]
     assert engine.aborted == [RID]  # closed before its end
+
+    # with speech: code2wav refuses (a bad input, before naming its engine), the others named
+    # theirs; the open fails, aborts the request on the two engines and remembers both
+    thinker, talker = Engine(), Engine()
+    client = PipelineClient(Stage(thinker), Stage(talker), Stage(error=ValueError("bad voice")))
+    spoken = OmniRequest(request_id="chatcmpl-spoken", prompt_token_ids=[1, 2, 3])
+    with pytest.raises(ValueError, match="bad voice"):
+        asyncio.run(client.open(spoken))
+    assert client.reach.recent("thinker") == [thinker]
+    assert client.reach.recent("talker") == [talker] and client.reach.recent("code2wav") == []
+    assert thinker.aborted == talker.aborted == ["chatcmpl-spoken"]
