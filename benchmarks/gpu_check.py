@@ -372,6 +372,15 @@ def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_p
             chk.line("PASS" if n else "FAIL", "standin code2wav first-call graphs",
                      f"{n} batch buckets captured, each replay == the eager forward at start; "
                      f"{rt.get('graph_first_calls', 0)} first calls replayed so far")
+            from omni_ray.config.serving import OmniServingArgs
+
+            args = OmniServingArgs.model_validate(cfg["applications"][0]["args"])
+            sizes = args.pipeline.code2wav_shapes(args.code2wav.dtype)
+            want = len(sizes[0]) * len(sizes[1]) if sizes else 0
+            got = rt.get("shapes_warmed", 0)
+            chk.line("PASS" if got == want else "FAIL", "standin code2wav shapes warmed",
+                     f"{got} (batch, frames) pairs run at start, eager forwards padded to them "
+                     f"({sizes or 'off'})" + ("" if got == want else f"; the config asks {want}"))
         bench = BENCH[dev]
         for name, kw in cases(has_proc).items():
             try:

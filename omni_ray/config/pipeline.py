@@ -66,6 +66,14 @@ class PipelineConfig(BaseModel):
                     "float32: a batched forward rounds the last float bits differently from a "
                     "request's forward alone, and float32 is the exact reference (a request's "
                     "audio never depends on its neighbours)")
+    code2wav_pad_shapes: bool | None = Field(
+        None, description="stateful code2wav pads each eager forward up to a few shapes (the "
+                          "batch to 1, 2, 4, ... code2wav's batch; the frames to 1, 2, 4, ... "
+                          "and the chunk sizes) and runs each once at start: on a GPU a forward "
+                          "of a shape met first builds its convolutions' kernels (~100 ms against "
+                          "~30 ms on an H100). The audio does not change (padding is discarded), "
+                          "up to float rounding. Unset: on where code2wav batches (bf16/fp16; "
+                          "code2wav_max_batch), off in float32, the exact reference")
     code2wav_mode: Literal["window", "stateful"] = Field(
         DEFAULT_CODE2WAV_MODE,
         description="stateful: carry attention/conv state, exact for any chunking (default); "
@@ -112,8 +120,24 @@ class PipelineConfig(BaseModel):
                              f"into a runner at its start); these can: {', '.join(LIVE_FIELDS)}")
         return PipelineConfig.model_validate({**self.model_dump(), **fields})
 
+    def code2wav_shapes(self, dtype: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """The (batch sizes, frame counts) stateful code2wav pads its eager forwards to, for a
+        code2wav in ``dtype`` (``code2wav_pad_shapes``), or None: no padding."""
+        batch = self.code2wav_batch(dtype)
+        pad = self.code2wav_pad_shapes if self.code2wav_pad_shapes is not None else batch > 1
+        if not pad or self.code2wav_mode != "stateful":
+            return None
+        return (_sizes_up_to(batch),
+                _sizes_up_to(self.chunk_frames, (self.initial_chunk_frames,)))
+
     def code2wav_batch(self, dtype: str) -> int:
         """``code2wav_max_batch``, or its default for a code2wav in ``dtype`` ("float32", ...)."""
         if self.code2wav_max_batch is not None:
             return self.code2wav_max_batch
         return 1 if dtype == "float32" else DEFAULT_CODE2WAV_MAX_BATCH
+
+
+def _sizes_up_to(largest: int, extra: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """1, 2, 4, ... below ``largest``, ``largest`` itself and the ``extra`` sizes up to it."""
+    powers = {1 << i for i in range(largest.bit_length()) if 1 << i < largest}
+    return tuple(sorted(powers | {largest} | {e for e in extra if 0 < e <= largest}))

@@ -42,9 +42,12 @@ class Code2WavRunner:
     """Owns the code2wav module; ``decode`` is called per arriving codec chunk."""
 
     def __init__(self, code2wav, *, mode: str, left_context_frames: int = 25,
-                 device: str = "cpu", first_chunk_frames: int | None = None):
+                 device: str = "cpu", first_chunk_frames: int | None = None,
+                 pad_shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None):
         """``first_chunk_frames`` (the pipeline's first chunk; None: no graphs): on CUDA a
-        stateful first call of that many frames replays a CUDA graph (code2wav_graph.py)."""
+        stateful first call of that many frames replays a CUDA graph (code2wav_graph.py).
+        ``pad_shapes`` (batch sizes, frame counts; ``PipelineConfig.code2wav_shapes``): stateful
+        eager forwards padded up to them, each run once by ``warm_up`` (code2wav_shapes.py)."""
         # no default mode here: ``PipelineConfig`` decides it for the app, Omni and the CLI
         if mode not in ("window", "stateful"):
             raise ValueError(f"code2wav mode must be 'window' or 'stateful', got {mode!r}")
@@ -70,6 +73,18 @@ class Code2WavRunner:
                 with self.start_phases.timed("first_call_graphs_s"):
                     self._stream.first_graphs = FirstCallGraphs(self._stream, first_chunk_frames)
                     self._stream.first_graphs.warm_up()
+            if pad_shapes:
+                from omni_ray.runners.transformers.code2wav_shapes import ShapeBuckets
+
+                self._stream.buckets = ShapeBuckets(self._stream, *pad_shapes)
+
+    def warm_up(self) -> None:
+        """Run each shape the eager forwards are padded to once (none where not padded), after
+        the engine's GPU start turn (runners/factory.py)."""
+        buckets = self._stream.buckets if self._stream is not None else None
+        if buckets is not None and not buckets.warmed:
+            with self.start_phases.timed("shape_warmup_s"):
+                buckets.warm_up()
 
     @classmethod
     def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,
@@ -82,7 +97,8 @@ class Code2WavRunner:
         m = load_stage(model_dir, "code2wav", stage_cfg.device, getattr(torch, stage_cfg.dtype))
         return cls(m.module, mode=pipeline.code2wav_mode,
                    left_context_frames=pipeline.left_context_frames, device=stage_cfg.device,
-                   first_chunk_frames=pipeline.initial_chunk_frames)
+                   first_chunk_frames=pipeline.initial_chunk_frames,
+                   pad_shapes=pipeline.code2wav_shapes(stage_cfg.dtype))
 
     @property
     def time_spent(self) -> dict:
@@ -92,8 +108,10 @@ class Code2WavRunner:
         not run before (on CUDA those build their convolutions' kernels first)."""
         stream = self._stream
         graphs = stream.first_graphs if stream is not None else None
+        buckets = stream.buckets if stream is not None else None
         return dict(graph_first_calls=graphs.calls if graphs else 0,
                     graph_buckets=graphs.ready if graphs else 0,
+                    shapes_warmed=buckets.warmed if buckets else 0,
                     forwards=stream.forwards if stream is not None else 0,
                     new_shapes=stream.new_shapes if stream is not None else 0)
 

@@ -122,6 +122,7 @@ class StreamingCode2Wav:
         self.head_dim = attn.head_dim
         self._names = {mod: name for name, mod in model.named_modules()}
         self.first_graphs = None  # FirstCallGraphs (code2wav_graph.py): first calls, replayed
+        self.buckets = None  # ShapeBuckets (code2wav_shapes.py): eager forwards padded up
         # The eager forwards' (batch, frames) so far: on CUDA a forward of a new pair builds its
         # convolutions' kernels (cuDNN's plans per input shape) before it runs.
         self.shapes: set[tuple[int, int]] = set()
@@ -185,8 +186,11 @@ class StreamingCode2Wav:
         if graphs is not None and graphs.applies(work, new):
             wavs = graphs(work, new)
         else:
-            self._count_shape(len(new), max(int(c.shape[0]) for c in new))
-            wavs = self._forward(work, new)
+            rows, frames = work, None
+            if self.buckets is not None:  # filler rows after the real ones, dropped below
+                rows, new, frames = self.buckets.pad(work, new)
+            self._count_shape(len(rows), frames or max(int(c.shape[0]) for c in new))
+            wavs = self._forward(rows, new, frames)[:len(work)]
         for i, w, done in zip(live, wavs, work):
             outs[i] = w
             states[i].__dict__.update(done.__dict__)
@@ -198,12 +202,16 @@ class StreamingCode2Wav:
 
     @property
     def new_shapes(self) -> int:
-        """Forwards of a (batch, frames) not run before: one per shape met."""
-        return len(self.shapes)
+        """Forwards of a (batch, frames) not run before: one per shape met (those a start-up
+        warm-up ran are not new)."""
+        return len(self.shapes) - (self.buckets.warmed if self.buckets is not None else 0)
 
     # ---- the forward, stage by stage ---------------------------------------------------------
 
-    def _forward(self, states: list[Code2WavStreamState], codes: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _forward(self, states: list[Code2WavStreamState], codes: list[torch.Tensor],
+                 frames: int | None = None) -> list[torch.Tensor]:
+        """One forward of every row, right-padded to its longest, or to ``frames`` when given
+        (code2wav_shapes.py)."""
         model = self.model
         dev = model.code_embedding.weight.device
         lens = [int(c.shape[0]) for c in codes]
@@ -211,7 +219,8 @@ class StreamingCode2Wav:
         #    Padded where the codes are (the host, from the talker), then one copy to the device:
         #    one host-to-device copy (each waits for the GPU) a forward, not one a request.
         at = codes[0].device if all(c.device == codes[0].device for c in codes) else dev
-        padded = torch.zeros(len(codes), max(lens), self.config.num_quantizers, dtype=torch.long, device=at)
+        steps = max(lens) if frames is None else max(frames, *lens)
+        padded = torch.zeros(len(codes), steps, self.config.num_quantizers, dtype=torch.long, device=at)
         for b, c in enumerate(codes):
             padded[b, : lens[b]] = c.to(at)
         padded = padded.to(dev)
