@@ -190,7 +190,7 @@ class StreamingCode2Wav:
             if self.buckets is not None:  # filler rows after the real ones, dropped below
                 rows, new, frames = self.buckets.pad(work, new)
             self._count_shape(len(rows), frames or max(int(c.shape[0]) for c in new))
-            wavs = self._forward(rows, new, frames)[:len(work)]
+            wavs = self._forward(rows, new, frames, keep=len(work))
         for i, w, done in zip(live, wavs, work):
             outs[i] = w
             states[i].__dict__.update(done.__dict__)
@@ -209,9 +209,10 @@ class StreamingCode2Wav:
     # ---- the forward, stage by stage ---------------------------------------------------------
 
     def _forward(self, states: list[Code2WavStreamState], codes: list[torch.Tensor],
-                 frames: int | None = None) -> list[torch.Tensor]:
-        """One forward of every row, right-padded to its longest, or to ``frames`` when given
-        (code2wav_shapes.py)."""
+                 frames: int | None = None, keep: int | None = None) -> list[torch.Tensor]:
+        """One forward of every row, right-padded to its longest, or to ``frames`` when given;
+        the samples of the first ``keep`` rows (all: None), the others are fillers whose output
+        is never cut out (code2wav_shapes.py)."""
         model = self.model
         dev = model.code_embedding.weight.device
         lens = [int(c.shape[0]) for c in codes]
@@ -237,7 +238,7 @@ class StreamingCode2Wav:
         # 4) Cut each request's valid samples and advance its counters.
         wav = ragged.x.clamp(min=-1, max=1)
         out = []
-        for b, state in enumerate(states):
+        for b, state in enumerate(states[:keep]):
             out.append(wav[b, 0, : ragged.lens[b]].to(torch.float32).clone())
             state.frames_in += lens[b]
             state.samples_out += ragged.lens[b]
