@@ -381,6 +381,12 @@ def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_p
             chk.line("PASS" if got == want else "FAIL", "standin code2wav shapes warmed",
                      f"{got} (batch, frames) pairs run at start, eager forwards padded to them "
                      f"({sizes or 'off'})" + ("" if got == want else f"; the config asks {want}"))
+            want = want if args.pipeline.code2wav_step_graphs else 0
+            got = rt.get("step_graphs", 0)
+            chk.line("PASS" if got == want else "FAIL", "standin code2wav step graphs",
+                     f"{got} padded (batch, frames) pairs captured as CUDA graphs, each replay == "
+                     f"the eager forward at start; {rt.get('graph_steps', 0)} steps replayed so "
+                     f"far" + ("" if got == want else f"; the config asks {want}"))
         bench = BENCH[dev]
         for name, kw in cases(has_proc).items():
             try:

@@ -94,16 +94,18 @@ def stage_summary(steps: list[dict], t_ref: float, k: int = SLOWEST) -> dict:
 
 def shape_split(steps: list[dict]) -> dict:
     """The steps whose forward met a (batch, frames) the runner had not run before against the
-    other steps with a forward: count and p50 / mean ms of each (None for none)."""
+    other steps with a forward, and the steps that replayed a padded forward's CUDA graph
+    (code2wav_step_graphs.py): count and p50 / mean ms of each (None for none)."""
     new = [s["ms"] for s in steps if s["parts"].get("new_shapes")]
     seen = [s["ms"] for s in steps if s["parts"].get("forwards") and
             not s["parts"].get("new_shapes")]
+    graphed = [s["ms"] for s in steps if s["parts"].get("graph_steps")]
 
     def stats(xs):
         return dict(steps=len(xs), ms_p50=round(statistics.median(xs), 2) if xs else None,
                     ms_mean=round(statistics.fmean(xs), 2) if xs else None)
 
-    return dict(new=stats(new), seen=stats(seen))
+    return dict(new=stats(new), seen=stats(seen), graphed=stats(graphed))
 
 
 def releases(steps: list[dict], marks: list[dict], stage: str, t_ref: float) -> list[dict]:
@@ -211,4 +213,4 @@ def shapes_line(summary: dict, stage: str = "code2wav") -> str:
                                          if d["steps"] else ""))
 
     return f"{stage} forwards of a new (batch, frames): {part(split['new'])}; the others: " \
-           f"{part(split['seen'])}"
+           f"{part(split['seen'])}; replayed as graphs: {part(split.get('graphed') or {'steps': 0})}"

@@ -14,7 +14,7 @@ Mode = Literal["sync", "async_chunk"]
 # of only these run on the base's engines, no restart): each is read per request, message or step
 # by the stage engine or logic, not built into a runner at its start.
 LIVE_FIELDS = ("coalesce_pushes", "stream_interval_ms", "text_chunk_ms", "max_chunks_in_flight",
-               "code2wav_urgent_ms", "hold_first_chunk_above")
+               "code2wav_urgent_ms", "hold_first_chunk_above", "code2wav_step_graphs")
 
 
 class PipelineConfig(BaseModel):
@@ -74,6 +74,14 @@ class PipelineConfig(BaseModel):
                           "~30 ms on an H100). The audio does not change (padding is discarded), "
                           "up to float rounding. Unset: on where code2wav batches (bf16/fp16; "
                           "code2wav_max_batch), off in float32, the exact reference")
+    code2wav_step_graphs: bool = Field(
+        True, description="with code2wav_pad_shapes, on a GPU: code2wav's padded forwards whose "
+                          "rows all carry state (no request's first chunk) replay a CUDA graph "
+                          "per (batch, frames), captured and checked against the eager forward "
+                          "at start. A step of a few rows is launch-bound eager (12-15 ms on an "
+                          "H100 for a few thousand samples). Live: off in a running app, the "
+                          "steps run eager; on again, they replay the graphs captured at start "
+                          "(none where it started off)")
     code2wav_mode: Literal["window", "stateful"] = Field(
         DEFAULT_CODE2WAV_MODE,
         description="stateful: carry attention/conv state, exact for any chunking (default); "

@@ -49,6 +49,9 @@ class Code2WavLogic(StageLogic):
 
     def tune(self, pipeline) -> None:
         self.urgent_s = pipeline.code2wav_urgent_ms / 1000  # weighed again at the next step
+        use = getattr(self.runner, "use_step_graphs", None)  # the transformers runner's
+        if use is not None:
+            use(pipeline.code2wav_step_graphs)  # from the next step
 
     def check(self, req: OmniRequest, has_downstream: bool) -> bool:
         return True  # any request id the engine took is fine here

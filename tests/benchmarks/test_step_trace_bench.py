@@ -74,14 +74,18 @@ def test_steps_that_met_a_new_shape_are_told_apart_from_the_others():
              _step(0.3, 100, 5, 5, forwards=1, new_shapes=1),
              _step(0.4, 20, 5, 5, forwards=1),
              _step(0.5, 5, 1, 1),  # a replayed first call: no eager forward
-             _step(0.6, 25, 5, 5, forwards=1)]
+             _step(0.6, 25, 5, 5, forwards=1),
+             _step(0.7, 9, 5, 5, forwards=1, graph_steps=1),  # a padded forward, replayed
+             _step(0.8, 11, 5, 5, forwards=1, graph_steps=1)]
     got = step_trace.summarize({"code2wav": steps, "talker": _burst()[0]}, [], T)
     assert got["code2wav"]["new_shapes"] == dict(
         new=dict(steps=2, ms_p50=110.0, ms_mean=110.0),
-        seen=dict(steps=3, ms_p50=25.0, ms_mean=25.0))
+        seen=dict(steps=5, ms_p50=20.0, ms_mean=19.0),
+        graphed=dict(steps=2, ms_p50=10.0, ms_mean=10.0))
     assert step_trace.shapes_line(got) == (
         "code2wav forwards of a new (batch, frames): 2 steps, p50 110.0 ms, mean 110.0; the "
-        "others: 3 steps, p50 25.0 ms, mean 25.0")
+        "others: 5 steps, p50 20.0 ms, mean 19.0; replayed as graphs: 2 steps, p50 10.0 ms, "
+        "mean 10.0")
     assert "new_shapes" not in got["talker"] and step_trace.shapes_line(got, "talker") == ""
     assert "new_shapes 1" in step_trace.slow_line(got)
 

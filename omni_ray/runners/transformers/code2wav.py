@@ -43,11 +43,14 @@ class Code2WavRunner:
 
     def __init__(self, code2wav, *, mode: str, left_context_frames: int = 25,
                  device: str = "cpu", first_chunk_frames: int | None = None,
-                 pad_shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None):
+                 pad_shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+                 step_graphs: bool = False):
         """``first_chunk_frames`` (the pipeline's first chunk; None: no graphs): on CUDA a
         stateful first call of that many frames replays a CUDA graph (code2wav_graph.py).
         ``pad_shapes`` (batch sizes, frame counts; ``PipelineConfig.code2wav_shapes``): stateful
-        eager forwards padded up to them, each run once by ``warm_up`` (code2wav_shapes.py)."""
+        eager forwards padded up to them, each run once by ``warm_up`` (code2wav_shapes.py).
+        ``step_graphs`` (with ``pad_shapes``, on CUDA): those forwards replay CUDA graphs where
+        no row is a request's first call, captured by ``warm_up`` (code2wav_step_graphs.py)."""
         # no default mode here: ``PipelineConfig`` decides it for the app, Omni and the CLI
         if mode not in ("window", "stateful"):
             raise ValueError(f"code2wav mode must be 'window' or 'stateful', got {mode!r}")
@@ -77,14 +80,30 @@ class Code2WavRunner:
                 from omni_ray.runners.transformers.code2wav_shapes import ShapeBuckets
 
                 self._stream.buckets = ShapeBuckets(self._stream, *pad_shapes)
+                if step_graphs and str(device).startswith("cuda"):
+                    from omni_ray.runners.transformers.code2wav_step_graphs import StepGraphs
+
+                    self._stream.step_graphs = StepGraphs(self._stream, *pad_shapes)
 
     def warm_up(self) -> None:
-        """Run each shape the eager forwards are padded to once (none where not padded), after
-        the engine's GPU start turn (runners/factory.py)."""
+        """Run each shape the eager forwards are padded to once (none where not padded), and
+        capture their CUDA graphs (where on), after the engine's GPU start turn
+        (runners/factory.py)."""
         buckets = self._stream.buckets if self._stream is not None else None
         if buckets is not None and not buckets.warmed:
             with self.start_phases.timed("shape_warmup_s"):
                 buckets.warm_up()
+        steps = self._stream.step_graphs if self._stream is not None else None
+        if steps is not None and not steps.ready:
+            with self.start_phases.timed("step_graphs_s"):
+                steps.warm_up()
+
+    def use_step_graphs(self, on: bool) -> None:
+        """Replay the step graphs captured at start (``code2wav_step_graphs``, live), or run
+        those steps eager; nothing where none were captured."""
+        steps = self._stream.step_graphs if self._stream is not None else None
+        if steps is not None:
+            steps.enabled = on
 
     @classmethod
     def from_config(cls, model_dir: str | Path, stage_cfg: StageConfig, *,
@@ -98,20 +117,25 @@ class Code2WavRunner:
         return cls(m.module, mode=pipeline.code2wav_mode,
                    left_context_frames=pipeline.left_context_frames, device=stage_cfg.device,
                    first_chunk_frames=pipeline.initial_chunk_frames,
-                   pad_shapes=pipeline.code2wav_shapes(stage_cfg.dtype))
+                   pad_shapes=pipeline.code2wav_shapes(stage_cfg.dtype),
+                   step_graphs=pipeline.code2wav_step_graphs)
 
     @property
     def time_spent(self) -> dict:
         """Counters for the engine's stats (``/debug/stats``) and its step records: first calls
         replayed as CUDA graphs, the graph buckets captured and checked at start (0 where none),
+        the padded (batch, frames) pairs captured as graphs and the steps that replayed them,
         and the stateful decoder's eager forwards, and how many of them had a (batch, frames)
         not run before (on CUDA those build their convolutions' kernels first)."""
         stream = self._stream
         graphs = stream.first_graphs if stream is not None else None
         buckets = stream.buckets if stream is not None else None
+        steps = stream.step_graphs if stream is not None else None
         return dict(graph_first_calls=graphs.calls if graphs else 0,
                     graph_buckets=graphs.ready if graphs else 0,
                     shapes_warmed=buckets.warmed if buckets else 0,
+                    step_graphs=steps.ready if steps else 0,
+                    graph_steps=steps.calls if steps else 0,
                     forwards=stream.forwards if stream is not None else 0,
                     new_shapes=stream.new_shapes if stream is not None else 0)
 

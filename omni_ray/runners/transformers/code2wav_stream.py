@@ -101,7 +101,25 @@ class _Ragged:
     """A right-padded batch whose row b is valid in [:lens[b]]; the rest is ignored."""
 
     x: torch.Tensor  # [B, C, T] channels first
-    lens: list[int]  # valid samples per row
+    lens: list[int] | torch.Tensor  # valid samples per row (a device tensor in a CUDA graph)
+
+
+class RowStates:
+    """The forward's rows as their requests' states: each layer's carried window stacked from
+    them, and each row's new window cut at its own end into its own state (fresh tensors: a
+    state must not keep the batch's alive). ``kind`` is a ``Code2WavStreamState`` field
+    (``keys``, ``values``, ``conv_tails``, ``trans_tails``), ``key`` its layer index or name."""
+
+    def __init__(self, states: list[Code2WavStreamState]):
+        self.states = states
+        self.fresh = [s.frames_in == 0 for s in states]  # first calls: a request's first samples
+
+    def stacked(self, kind: str, key) -> torch.Tensor:
+        return torch.stack([getattr(s, kind)[key] for s in self.states])
+
+    def keep(self, kind: str, key, x: torch.Tensor, lens: list[int], width: int) -> None:
+        for s, window in zip(self.states, _rows_at(x, lens, width)):
+            getattr(s, kind)[key] = window
 
 
 class StreamingCode2Wav:
@@ -123,6 +141,7 @@ class StreamingCode2Wav:
         self._names = {mod: name for name, mod in model.named_modules()}
         self.first_graphs = None  # FirstCallGraphs (code2wav_graph.py): first calls, replayed
         self.buckets = None  # ShapeBuckets (code2wav_shapes.py): eager forwards padded up
+        self.step_graphs = None  # StepGraphs (code2wav_step_graphs.py): padded forwards, replayed
         # The eager forwards' (batch, frames) so far: on CUDA a forward of a new pair builds its
         # convolutions' kernels (cuDNN's plans per input shape) before it runs.
         self.shapes: set[tuple[int, int]] = set()
@@ -190,7 +209,11 @@ class StreamingCode2Wav:
             if self.buckets is not None:  # filler rows after the real ones, dropped below
                 rows, new, frames = self.buckets.pad(work, new)
             self._count_shape(len(rows), frames or max(int(c.shape[0]) for c in new))
-            wavs = self._forward(rows, new, frames, keep=len(work))
+            steps = self.step_graphs
+            if steps is not None and steps.applies(rows, frames):
+                wavs = steps(rows, new, frames, keep=len(work))
+            else:
+                wavs = self._forward(rows, new, frames, keep=len(work))
         for i, w, done in zip(live, wavs, work):
             outs[i] = w
             states[i].__dict__.update(done.__dict__)
@@ -213,47 +236,54 @@ class StreamingCode2Wav:
         """One forward of every row, right-padded to its longest, or to ``frames`` when given;
         the samples of the first ``keep`` rows (all: None), the others are fillers whose output
         is never cut out (code2wav_shapes.py)."""
-        model = self.model
-        dev = model.code_embedding.weight.device
+        dev = self.model.code_embedding.weight.device
         lens = [int(c.shape[0]) for c in codes]
-        # 1) Embed: right-pad with code 0 (any valid id); the mean over quantizers is per frame.
-        #    Padded where the codes are (the host, from the talker), then one copy to the device:
-        #    one host-to-device copy (each waits for the GPU) a forward, not one a request.
+        # Right-pad with code 0 (any valid id) where the codes are (the host, from the talker),
+        # then one copy to the device: one host-to-device copy (each waits for the GPU) a
+        # forward, not one a request.
         at = codes[0].device if all(c.device == codes[0].device for c in codes) else dev
         steps = max(lens) if frames is None else max(frames, *lens)
         padded = torch.zeros(len(codes), steps, self.config.num_quantizers, dtype=torch.long, device=at)
         for b, c in enumerate(codes):
             padded[b, : lens[b]] = c.to(at)
-        padded = padded.to(dev)
-        hidden = model.code_embedding(padded.transpose(1, 2) + model.code_offset).mean(1)
+        frames_in = {s.frames_in for s in states}
+        if len(frames_in) == 1:  # a fill, not a host copy: capturable (code2wav_graph.py)
+            start = torch.full((len(states),), frames_in.pop(), dtype=torch.long, device=dev)
+        else:
+            start = torch.tensor([s.frames_in for s in states], device=dev)
+        wav, out_lens = self.run(RowStates(states), padded.to(dev), lens, start)
+        out = []
+        for b, state in enumerate(states[:keep]):  # each request's valid samples; its counters
+            out.append(wav[b, 0, : out_lens[b]].to(torch.float32).clone())
+            state.frames_in += lens[b]
+            state.samples_out += out_lens[b]
+        return out
+
+    def run(self, rows, codes: torch.Tensor, lens, start: torch.Tensor):
+        """The forward proper: ``codes`` ``[B, T, 16]`` on the device (row b valid in
+        ``[:lens[b]]``), ``start`` ``[B]`` each row's first frame position; the rows' carried
+        windows read and written through ``rows`` (``RowStates``, or static buffers for a CUDA
+        graph: code2wav_step_graphs.py, where ``lens`` is a device tensor). Returns the clamped
+        waveform ``[B, 1, S]`` and each row's valid samples (a list, or a tensor like ``lens``)."""
+        model = self.model
+        # 1) Embed; the mean over quantizers is per frame.
+        hidden = model.code_embedding(codes.transpose(1, 2) + model.code_offset).mean(1)
         # 2) Sliding-window transformer over the new frames, attending to carried keys/values.
-        hidden = self._transformer(states, hidden, lens)
+        hidden = self._transformer(rows, hidden, lens, start)
         # 3) Upsamplers and decoder: causal convs with carried tails, channels first.
         ragged = _Ragged(hidden.permute(0, 2, 1), lens)
         for blocks in model.upsample:
             for block in blocks:
-                ragged = self._layer(block, states, ragged)
+                ragged = self._layer(block, rows, ragged)
         for block in model.decoder:
-            ragged = self._layer(block, states, ragged)
-        # 4) Cut each request's valid samples and advance its counters.
-        wav = ragged.x.clamp(min=-1, max=1)
-        out = []
-        for b, state in enumerate(states[:keep]):
-            out.append(wav[b, 0, : ragged.lens[b]].to(torch.float32).clone())
-            state.frames_in += lens[b]
-            state.samples_out += ragged.lens[b]
-        return out
+            ragged = self._layer(block, rows, ragged)
+        return ragged.x.clamp(min=-1, max=1), ragged.lens
 
-    def _transformer(self, states, hidden: torch.Tensor, lens: list[int]) -> torch.Tensor:
+    def _transformer(self, rows, hidden: torch.Tensor, lens, start: torch.Tensor) -> torch.Tensor:
         pre = self.model.pre_transformer
-        batch, steps, _ = hidden.shape
+        steps = hidden.shape[1]
         cached = self.window - 1
         dev = hidden.device
-        frames_in = {s.frames_in for s in states}
-        if len(frames_in) == 1:  # a fill, not a host copy: capturable (code2wav_graph.py)
-            start = torch.full((batch,), frames_in.pop(), dtype=torch.long, device=dev)
-        else:
-            start = torch.tensor([s.frames_in for s in states], device=dev)
         positions = start[:, None] + torch.arange(steps, device=dev)[None]  # [B, T] absolute
         cos, sin = pre.rotary_emb(hidden, positions)
         # Key j sits at relative frame j - cached (the cache holds the `cached` frames before start).
@@ -264,13 +294,13 @@ class StreamingCode2Wav:
         mask = (seen[None] & exists[:, None, :])[:, None]  # [B, 1, T, K]
         for i, layer in enumerate(pre.layers):
             residual = hidden
-            attn_out = self._attention(layer.self_attn, i, states, layer.input_layernorm(hidden), cos, sin, mask, lens)
+            attn_out = self._attention(layer.self_attn, i, rows, layer.input_layernorm(hidden), cos, sin, mask, lens)
             hidden = residual + layer.self_attn_layer_scale(attn_out)
             residual = hidden
             hidden = residual + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(hidden)))
         return pre.norm(hidden)
 
-    def _attention(self, attn, i, states, x, cos, sin, mask, lens) -> torch.Tensor:
+    def _attention(self, attn, i, rows, x, cos, sin, mask, lens) -> torch.Tensor:
         batch, steps, _ = x.shape
         shape = (batch, steps, -1, attn.head_dim)
         q = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)
@@ -278,11 +308,10 @@ class StreamingCode2Wav:
         v = attn.v_proj(x).view(shape).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         # 1) Prepend the carried window; 2) keep each request's last W-1 keys at its own end.
-        k = torch.cat([torch.stack([s.keys[i] for s in states]), k], dim=2)
-        v = torch.cat([torch.stack([s.values[i] for s in states]), v], dim=2)
-        for s, keys, values in zip(states, _rows_at(k, lens, self.window - 1),
-                                   _rows_at(v, lens, self.window - 1)):
-            s.keys[i], s.values[i] = keys, values
+        k = torch.cat([rows.stacked("keys", i), k], dim=2)
+        v = torch.cat([rows.stacked("values", i), v], dim=2)
+        rows.keep("keys", i, k, lens, self.window - 1)
+        rows.keep("values", i, v, lens, self.window - 1)
         groups = attn.num_key_value_groups
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -290,23 +319,23 @@ class StreamingCode2Wav:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
         return attn.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
 
-    def _layer(self, mod: nn.Module, states, r: _Ragged) -> _Ragged:
+    def _layer(self, mod: nn.Module, rows, r: _Ragged) -> _Ragged:
         """Runs one decoder-side layer on the ragged batch, threading its per-request state."""
         if isinstance(mod, Qwen3OmniMoeCausalConvNet):
-            return self._causal_conv(mod, states, r)
+            return self._causal_conv(mod, rows, r)
         if isinstance(mod, Qwen3OmniMoeCausalTransConvNet):
-            return self._trans_conv(mod, states, r)
+            return self._trans_conv(mod, rows, r)
         if isinstance(mod, Qwen3OmniMoeConvNeXtBlock):
-            h = self._causal_conv(mod.dwconv, states, r).x.permute(0, 2, 1)
+            h = self._causal_conv(mod.dwconv, rows, r).x.permute(0, 2, 1)
             h = mod.pwconv2(mod.act(mod.pwconv1(mod.norm(h))))
             return _Ragged(r.x + (mod.gamma * h).permute(0, 2, 1), r.lens)
         if isinstance(mod, Qwen3OmniMoeCode2WavDecoderBlock):
             for sub in mod.block:
-                r = self._layer(sub, states, r)
+                r = self._layer(sub, rows, r)
             return r
         if isinstance(mod, Qwen3OmniMoeCode2WavDecoderResidualUnit):
-            h = self._causal_conv(mod.conv1, states, _Ragged(self._snake(mod.act1, r.x), r.lens))
-            h = self._causal_conv(mod.conv2, states, _Ragged(self._snake(mod.act2, h.x), r.lens))
+            h = self._causal_conv(mod.conv1, rows, _Ragged(self._snake(mod.act1, r.x), r.lens))
+            h = self._causal_conv(mod.conv2, rows, _Ragged(self._snake(mod.act2, h.x), r.lens))
             return _Ragged(h.x + r.x, r.lens)
         if isinstance(mod, Qwen3OmniMoeSnakeBeta):
             return _Ragged(self._snake(mod, r.x), r.lens)  # pointwise
@@ -325,21 +354,20 @@ class StreamingCode2Wav:
         _, alpha, scale = got
         return x + scale * torch.pow(torch.sin(x * alpha), 2)
 
-    def _causal_conv(self, mod: Qwen3OmniMoeCausalConvNet, states, r: _Ragged) -> _Ragged:
+    def _causal_conv(self, mod: Qwen3OmniMoeCausalConvNet, rows, r: _Ragged) -> _Ragged:
         """Stride-1 causal conv: `cat(tail, new)` without padding gives the one-shot outputs."""
         name = self._names[mod]
         conv, pad = mod.conv, mod.padding
         x = r.x
         if pad > 0:
-            x = torch.cat([torch.stack([s.conv_tails[name] for s in states]), x], dim=2)
-            for s, tail in zip(states, _rows_at(x, r.lens, pad)):
-                s.conv_tails[name] = tail
+            x = torch.cat([rows.stacked("conv_tails", name), x], dim=2)
+            rows.keep("conv_tails", name, x, r.lens, pad)
         y = _on_long_input_backend(
             lambda t: F.conv1d(t, conv.weight, conv.bias, dilation=conv.dilation, groups=conv.groups), x
         )
         return _Ragged(y, r.lens)
 
-    def _trans_conv(self, mod: Qwen3OmniMoeCausalTransConvNet, states, r: _Ragged) -> _Ragged:
+    def _trans_conv(self, mod: Qwen3OmniMoeCausalTransConvNet, rows, r: _Ragged) -> _Ragged:
         """Causal transposed conv: re-applied to `cat(last inputs, new)`, emitting only final blocks."""
         name = self._names[mod]
         conv = mod.conv
@@ -347,15 +375,18 @@ class StreamingCode2Wav:
         carry = math.ceil(k / s) - 1
         x = r.x
         if carry > 0:
-            x = torch.cat([torch.stack([st.trans_tails[name] for st in states]), x], dim=2)
-            for st, tail in zip(states, _rows_at(x, r.lens, carry)):
-                st.trans_tails[name] = tail
+            x = torch.cat([rows.stacked("trans_tails", name), x], dim=2)
+            rows.keep("trans_tails", name, x, r.lens, carry)
         full = _on_long_input_backend(lambda t: F.conv_transpose1d(t, conv.weight, conv.bias, stride=s), x)
         # full: length (carry + T - 1) * s + k
         steps = r.x.shape[2]
         # A first call has no predecessor: like one-shot, drop the first k-s samples.
-        drops = [k - s if st.frames_in == 0 else 0 for st in states]
-        lens = [n * s - d for n, d in zip(r.lens, drops)]
+        drops = [k - s if fresh else 0 for fresh in rows.fresh]
+        if isinstance(r.lens, torch.Tensor):  # static rows: never a first call (no drops)
+            assert not any(drops), "a graphed step has no request's first call"
+            lens = r.lens * s
+        else:
+            lens = [n * s - d for n, d in zip(r.lens, drops)]
         lo = carry * s
         if len(set(drops)) == 1:
             y = full[:, :, lo + drops[0] : lo + drops[0] + steps * s]
