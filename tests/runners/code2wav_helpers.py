@@ -36,3 +36,25 @@ def one_shot(stream: StreamingCode2Wav, codes: torch.Tensor) -> torch.Tensor:
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     assert got.shape == want.shape, (got.shape, want.shape)
     return ((got - want).abs().max() / want.abs().max()).item()
+
+
+def decode_steps(stream: StreamingCode2Wav, codes: list[torch.Tensor], steps: list[tuple]):
+    """Decode ``steps`` (per step, each request's new frames; 0: none this step) with
+    ``decode_batch``; per step each live request's samples; the final states; frames decoded."""
+    states, pos, outs = [stream.new_state() for _ in codes], [0] * len(codes), []
+    for step in steps:
+        live = [i for i, n in enumerate(step) if n]
+        chunks = [codes[i][pos[i]:pos[i] + step[i]] for i in live]
+        outs.append(stream.decode_batch([states[i] for i in live], chunks))
+        for i in live:
+            pos[i] += step[i]
+    return outs, states, pos
+
+
+def joined(outs, codes: list[torch.Tensor], steps: list[tuple]) -> list[torch.Tensor]:
+    """``decode_steps``' samples joined per request."""
+    per = [[] for _ in codes]
+    for step, step_outs in zip(steps, outs):
+        for i, o in zip([i for i, n in enumerate(step) if n], step_outs):
+            per[i].append(o)
+    return [torch.cat(p) for p in per]

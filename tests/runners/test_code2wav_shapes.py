@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from code2wav_helpers import (SAMPLES_PER_FRAME, TINY_SLIDING, TOL, WITHHELD, build_stream,
-                              one_shot, random_codes, rel_err)
+                              decode_steps, joined, one_shot, random_codes, rel_err)
 
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.runners.transformers.code2wav_shapes import ShapeBuckets
@@ -23,18 +23,6 @@ BATCHES, FRAMES = (1, 2, 4), (1, 2, 4, 8, 16, 25)
 # per step, each request's new frames (0: nothing this step): 3 + 5 -> 8 frames, 30 is longer
 # than every bucket (runs unpadded), 1-2 row steps pad to 2, 3 rows to 4
 STEPS = [(2, 2, 2), (2, 2, 0), (4, 3, 4), (8, 5, 7), (16, 25, 1), (25, 30, 0), (3, 0, 9)]
-
-
-def _run(stream: StreamingCode2Wav, codes: list[torch.Tensor]):
-    """Decode ``STEPS``; per step each live request's samples; the final states."""
-    states, pos, outs = [stream.new_state() for _ in codes], [0] * len(codes), []
-    for step in STEPS:
-        live = [i for i, n in enumerate(step) if n]
-        chunks = [codes[i][pos[i]:pos[i] + step[i]] for i in live]
-        outs.append(stream.decode_batch([states[i] for i in live], chunks))
-        for i in live:
-            pos[i] += step[i]
-    return outs, states, pos
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +35,8 @@ def test_padded_forwards_give_each_request_its_unpadded_audio_and_state(model):
     padded.buckets = ShapeBuckets(padded, BATCHES, FRAMES)
     blank = copy.deepcopy(padded.buckets._blank)
     codes = [random_codes(80, seed=30 + i) for i in range(3)]
-    want, want_states, pos = _run(plain, codes)
-    got, got_states, _ = _run(padded, codes)
+    want, want_states, pos = decode_steps(plain, codes, STEPS)
+    got, got_states, _ = decode_steps(padded, codes, STEPS)
     for w_step, g_step in zip(want, got):
         for w, g in zip(w_step, g_step):
             assert w.shape == g.shape and rel_err(g, w) < TOL
@@ -61,21 +49,12 @@ def test_padded_forwards_give_each_request_its_unpadded_audio_and_state(model):
         # the carried state agrees: the rest of each stream decodes to its one-shot audio
         rest_w, rest_g = plain.decode(w, c[n:]), padded.decode(g, c[n:])
         assert rel_err(rest_g, rest_w) < TOL
-    for c, n, joined in zip(codes, pos, _joined(got, codes)):  # each stream is its one-shot
-        assert rel_err(joined, one_shot(padded, c[:n])) < TOL
+    for c, n, audio in zip(codes, pos, joined(got, codes, STEPS)):  # each stream is its one-shot
+        assert rel_err(audio, one_shot(padded, c[:n])) < TOL
     # the filler rows' blank state is never written
     for a, b in zip([*blank.keys, *blank.conv_tails.values()],
                     [*padded.buckets._blank.keys, *padded.buckets._blank.conv_tails.values()]):
         assert torch.equal(a, b) and not a.any()
-
-
-def _joined(outs, codes) -> list[torch.Tensor]:
-    per = [[] for _ in codes]
-    for step, step_outs in zip(STEPS, outs):
-        live = [i for i, n in enumerate(step) if n]
-        for i, o in zip(live, step_outs):
-            per[i].append(o)
-    return [torch.cat(p) for p in per]
 
 
 def test_after_the_warm_up_no_forward_meets_a_shape_first(model):
@@ -154,7 +133,7 @@ def test_on_cuda_padded_forwards_keep_the_audio_and_meet_no_shape_first():
     padded.buckets = ShapeBuckets(padded, BATCHES, FRAMES)
     padded.buckets.warm_up()
     codes = [random_codes(80, seed=30 + i).cuda() for i in range(3)]
-    want, got = _run(plain, codes)[0], _run(padded, codes)[0]
+    want, got = decode_steps(plain, codes, STEPS)[0], decode_steps(padded, codes, STEPS)[0]
     assert padded.new_shapes == 1  # only the 30-frame chunk, longer than every bucket
-    for w, g in zip(_joined(want, codes), _joined(got, codes)):
+    for w, g in zip(joined(want, codes, STEPS), joined(got, codes, STEPS)):
         assert w.shape == g.shape and rel_err(g.cpu(), w.cpu()) < 5e-3

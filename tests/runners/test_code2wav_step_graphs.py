@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from code2wav_helpers import (SAMPLES_PER_FRAME, TINY_SLIDING, TOL, build_stream, one_shot,
-                              random_codes, rel_err)
+from code2wav_helpers import (SAMPLES_PER_FRAME, TINY_SLIDING, TOL, build_stream, decode_steps,
+                              joined, one_shot, random_codes, rel_err)
 
 from omni_ray.config.pipeline import PipelineConfig
 from omni_ray.runners.transformers.code2wav_shapes import ShapeBuckets
@@ -27,26 +27,6 @@ BATCHES, FRAMES = (1, 2, 4), (1, 2, 4, 8, 16, 25)
 STEPS = [(2, 2, 0), (2, 2, 0), (4, 3, 2), (8, 5, 7), (16, 25, 1), (25, 30, 0), (3, 0, 9),
          (1, 1, 1)]
 REPLAYED = 5  # steps 2, 4, 5, 7, 8: padded, every row past its first call
-
-
-def _run(stream: StreamingCode2Wav, codes: list[torch.Tensor]):
-    """Decode ``STEPS``; per step each live request's samples; the final states."""
-    states, pos, outs = [stream.new_state() for _ in codes], [0] * len(codes), []
-    for step in STEPS:
-        live = [i for i, n in enumerate(step) if n]
-        chunks = [codes[i][pos[i]:pos[i] + step[i]] for i in live]
-        outs.append(stream.decode_batch([states[i] for i in live], chunks))
-        for i in live:
-            pos[i] += step[i]
-    return outs, states, pos
-
-
-def _joined(outs, codes) -> list[torch.Tensor]:
-    per = [[] for _ in codes]
-    for step, step_outs in zip(STEPS, outs):
-        for i, o in zip([i for i, n in enumerate(step) if n], step_outs):
-            per[i].append(o)
-    return [torch.cat(p) for p in per]
 
 
 def _graphed(model, capture: bool) -> StreamingCode2Wav:
@@ -68,8 +48,8 @@ def test_static_rows_give_each_request_its_own_audio_and_state(model):
     steps = graphed.step_graphs
     assert steps.ready == len(BATCHES) * len(FRAMES)  # each pair checked against the eager one
     codes = [random_codes(90, seed=50 + i) for i in range(3)]
-    want, want_states, pos = _run(plain, codes)
-    got, got_states, _ = _run(graphed, codes)
+    want, want_states, pos = decode_steps(plain, codes, STEPS)
+    got, got_states, _ = decode_steps(graphed, codes, STEPS)
     assert steps.calls == REPLAYED
     for w_step, g_step in zip(want, got):
         for w, g in zip(w_step, g_step):
@@ -82,8 +62,8 @@ def test_static_rows_give_each_request_its_own_audio_and_state(model):
             assert a.numel() == 0 or (a - b).abs().max() <= TOL * max(b.abs().max(), 1e-3)
         # the carried state goes on to the plain stream's audio
         assert rel_err(graphed.decode(g, c[n:]), plain.decode(w, c[n:])) < TOL
-    for c, n, joined in zip(codes, pos, _joined(got, codes)):
-        assert rel_err(joined, one_shot(plain, c[:n])) < TOL
+    for c, n, audio in zip(codes, pos, joined(got, codes, STEPS)):
+        assert rel_err(audio, one_shot(plain, c[:n])) < TOL
 
 
 def test_a_replay_leaves_no_row_tied_to_the_buffers(model):
@@ -140,9 +120,9 @@ def test_on_cuda_replayed_steps_keep_the_audio():
     plain, graphed = StreamingCode2Wav(model), _graphed(model, capture=True)
     assert graphed.step_graphs.ready == len(BATCHES) * len(FRAMES)
     codes = [random_codes(90, seed=50 + i).cuda() for i in range(3)]
-    want, got = _run(plain, codes)[0], _run(graphed, codes)[0]
+    want, got = decode_steps(plain, codes, STEPS)[0], decode_steps(graphed, codes, STEPS)[0]
     assert graphed.step_graphs.calls == REPLAYED
-    for w, g in zip(_joined(want, codes), _joined(got, codes)):
+    for w, g in zip(joined(want, codes, STEPS), joined(got, codes, STEPS)):
         assert w.shape == g.shape and rel_err(g.cpu(), w.cpu()) < 5e-3
 
 
