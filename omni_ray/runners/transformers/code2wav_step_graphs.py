@@ -93,6 +93,8 @@ class StepGraphs:
         self.quantizers = stream.config.num_quantizers
         self.samples_per_frame = int(stream.model.total_upsample)
         self.buffers: dict = {}  # (kind, key) -> [max batch, ...]: made by warm_up
+        self._rows: list[Code2WavStreamState] = []  # row b's views of the buffers, made once
+        self._row_tensors: list[list[torch.Tensor]] = []  # the same, flat per row
         self._graphs: dict[tuple[int, int], tuple | None] = {}  # None: stays eager
         self.calls = 0  # steps replayed
         self.enabled = True  # False: every step eager (the live setting, Code2WavRunner)
@@ -115,6 +117,8 @@ class StepGraphs:
         most = max(b for b, _ in self.pairs)
         self.buffers = {(kind, key): torch.zeros((most, *t.shape), dtype=t.dtype, device=t.device)
                         for kind, key, t in _fields(blank)}
+        self._rows = StaticRows(self.buffers, most).row_states(most)
+        self._row_tensors = [_tensors(r) for r in self._rows]
         pool = torch.cuda.graph_pool_handle() if self.capture else None
         for pair in sorted(self.pairs, key=lambda p: p[0] * p[1], reverse=True):
             try:
@@ -149,10 +153,9 @@ class StepGraphs:
             host[b, :lens[b]] = c.to(at)
         meta = torch.tensor([*lens, *(s.frames_in for s in states)], dtype=torch.long)
         inputs.copy_(torch.cat([host.view(-1), meta.to(at)]))
-        rows = StaticRows(self.buffers, batch)
-        views = rows.row_states(keep)
-        src = [t for s in states[:keep] for t in _tensors(s)]
-        torch._foreach_copy_([t for v in views for t in _tensors(v)], src)
+        views = self._rows[:keep]  # filler rows are not copied in: their output is dropped
+        torch._foreach_copy_([t for b in range(keep) for t in self._row_tensors[b]],
+                             [t for s in states[:keep] for t in _tensors(s)])
         replay()
         self.calls += 1
         for v, s, n in zip(views, states, lens):
