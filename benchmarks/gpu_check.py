@@ -50,7 +50,7 @@ from benchmarks.answers import (ask, audio_frames, cases, compare_answers, offli
 from benchmarks.launch import free_port
 from benchmarks.machine import machine_info
 from benchmarks.overrides import parse_variant, set_dotted
-from benchmarks.serve_proc import REPO_ROOT, ServeRun, child_env, tail
+from benchmarks.serve_proc import REPO_ROOT, ServeExited, ServeRun, child_env, tail
 
 BASE_CONFIG = REPO_ROOT / "serve_configs" / "qwen3_omni_1gpu.yaml"
 # omni_ray/pipeline/build.py's STAGES (pipeline order), not imported: that loads torch, and the
@@ -179,11 +179,25 @@ def timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool,
     """``serve run`` on ``cfg`` (``env`` added to its environment), timed to ``/health`` OK and
     to one answered chat request with audio (thinker, talker and code2wav all serving; engines
     load one after another); the running ServeRun (the caller stops it), or None and the error
-    with the log's tail."""
+    with the log's tail. Where ``serve run`` itself ended (its local Ray cluster did not come up
+    or went down: ``ServeExited``), an INFO line says why and the start is made once more on a
+    fresh cluster (``<tag>_retry.log``); an app that fails to deploy or start fails at once."""
+    sr, st = _timed_start(chk, cfg, tag, url, ray_stop, env)
+    if st.pop("serve_exited", False) and chk.left_s() > 120:
+        chk.line("INFO", f"{tag} start retried", f"{st['error']}; once more on a fresh Ray "
+                 f"cluster", log_tail=st["log_tail"])
+        sr, st = _timed_start(chk, cfg, tag, url, ray_stop, env, log_tag=f"{tag}_retry")
+        st.pop("serve_exited", None)
+        st["retried"] = True
+    return sr, st
+
+
+def _timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool, env: dict | None,
+                 log_tag: str | None = None) -> tuple[ServeRun | None, dict]:
     out = chk.args.out
     cpu_env = {"OMP_NUM_THREADS": "1", "RAY_memory_monitor_refresh_ms": "0"}
-    sr = ServeRun(write_config(cfg, out / "configs" / f"{tag}.yaml"), out / "logs" / f"{tag}.log",
-                  ray_stop=ray_stop,
+    sr = ServeRun(write_config(cfg, out / "configs" / f"{tag}.yaml"),
+                  out / "logs" / f"{log_tag or tag}.log", ray_stop=ray_stop,
                   env={**(cpu_env if chk.args.device == "cpu" else {}), **(env or {})})
     sr.__enter__()
     try:
@@ -202,7 +216,8 @@ def timed_start(chk: Check, cfg: dict, tag: str, url: str, ray_stop: bool,
         return sr, st
     except Exception as e:  # noqa: BLE001 - reported as a FAIL line with the log's tail
         sr.stop()
-        return None, dict(error=f"{type(e).__name__}: {e}", log_tail=tail(sr.log))
+        return None, dict(error=f"{type(e).__name__}: {e}", log_tail=tail(sr.log),
+                          serve_exited=isinstance(e, ServeExited))
     except BaseException:  # Ctrl-C: no Ray left behind
         sr.stop()
         raise

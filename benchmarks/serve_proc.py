@@ -11,6 +11,7 @@ its own only: it ends every Ray cluster of the user).
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import re
 import shutil
@@ -50,6 +51,46 @@ def child_env(extra: dict | None = None) -> dict:
     return env
 
 
+# a line saying why a process or Ray ended: Python's exceptions, glog's E/F lines, Ray's node and
+# worker deaths (what ``serve run`` prints before it exits, and Ray's session logs)
+ERROR_LINE = re.compile(r"(\w+(Error|Exception)\b|^\[[^]]*\] \([^)]*\) [EF]\d|^[EF]\d{4} |"
+                        r"Check failed|\bdied\b|\bdead\b|[Kk]illed|SIG(TERM|KILL|SEGV|ABRT))")
+
+
+class ServeExited(RuntimeError):
+    """``serve run`` itself ended while its app was starting (not Serve giving up a deploy,
+    which leaves it running): the local Ray cluster it started did not come up or went down."""
+
+
+def error_lines(path: Path, n: int = 6) -> list[str]:
+    """The last ``n`` lines of ``path`` that say why something ended (``ERROR_LINE``)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line.strip()[:300] for line in lines if ERROR_LINE.search(line)][-n:]
+
+
+def ray_session_errors(since: float, n: int = 4) -> list[str]:
+    """The error lines of the Ray session started after ``since`` (epoch seconds; the newest
+    under Ray's temp dir): its raylet, GCS and driver logs, where Ray writes why a node or the
+    driver ended."""
+    root = Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray"
+    sessions = []
+    for d in root.glob("session_2*"):
+        with contextlib.suppress(OSError):  # another run's session, removed meanwhile
+            if (t := d.stat().st_mtime) >= since - 1:
+                sessions.append((t, d))
+    if not sessions:
+        return []
+    logs = max(sessions)[1] / "logs"
+    out = []
+    for pattern in ("raylet.out", "gcs_server.out", "python-core-driver-*.log"):
+        for f in sorted(logs.glob(pattern)):
+            out += [f"{f.name}: {line}" for line in error_lines(f, n)]
+    return out
+
+
 def tail(path: Path, n: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
@@ -66,13 +107,14 @@ class ServeRun:
         self.env = child_env({**(env or {}), MARKER: self.marker})
         self.proc: subprocess.Popen | None = None
         self.t_launch: float | None = None
+        self.launched_at: float | None = None  # epoch seconds (Ray's session dirs)
 
     def __enter__(self) -> "ServeRun":
         if self.proc is not None:  # already launched (``with`` on a started run): the same app
             return self
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._logf = open(self.log, "wb")
-        self.t_launch = time.perf_counter()
+        self.t_launch, self.launched_at = time.perf_counter(), time.time()
         self.proc = subprocess.Popen(
             [cli("serve"), "run", "--address", "local", str(self.config)], cwd=REPO_ROOT,
             env=self.env, stdout=self._logf, stderr=subprocess.STDOUT, start_new_session=True)
@@ -86,7 +128,7 @@ class ServeRun:
         scan = _DeployScan(self.log)
         while time.perf_counter() < end:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"`serve run` exited with {self.proc.returncode}")
+                raise self.exited()
             failed = scan.failure()
             if failed:
                 raise RuntimeError(f"Serve could not deploy the app: {failed}")
@@ -116,10 +158,18 @@ class ServeRun:
             if all(got[s] >= n for s, n in want.items()):
                 return time.perf_counter() - self.t_launch
             if self.proc.poll() is not None:
-                raise RuntimeError(f"`serve run` exited with {self.proc.returncode}")
+                raise self.exited()
             if time.perf_counter() >= end:
                 raise TimeoutError(f"engines started {dict(got)}, want {want}")
             time.sleep(1.0)
+
+    def exited(self) -> ServeExited:
+        """The error for ``serve run`` having ended: its exit status, and why, as far as its log
+        and its Ray session's logs say (CI saw a bare "exited with 1" once, on a variant's start
+        right after the base's stop, and no log was kept)."""
+        why = error_lines(self.log) + ray_session_errors(self.launched_at)
+        return ServeExited(f"`serve run` exited with {self.proc.returncode}"
+                           + (": " + " | ".join(why) if why else " (no error in its logs)"))
 
     def since_launch(self) -> float:
         return time.perf_counter() - self.t_launch

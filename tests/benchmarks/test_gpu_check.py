@@ -154,12 +154,20 @@ def run_check(tmp_path: Path, *argv: str) -> tuple[int, list[str], dict]:
     return rc, lines, json.loads((tmp_path / "gpu_check.json").read_text())
 
 
+def report(lines: list[str], data: dict) -> str:
+    """The check's lines, then the log tail of each FAIL and retried start that kept one: the
+    end of an assertion's message, the part CI's output keeps."""
+    tails = [f"--- {c['status']} {c['name']}: the log's tail\n{c['log_tail']}"
+             for c in data["checks"] if c["status"] in ("FAIL", "INFO") and c.get("log_tail")]
+    return "\n".join(lines + tails)
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_tiny_phase_passes_on_cpu(tmp_path):
     rc, lines, data = run_check(tmp_path, "--phases", "tiny")
-    assert rc == 0, "\n".join(lines)
+    assert rc == 0, report(lines, data)
     assert all(line.startswith(("PASS", "SKIP", "INFO")) for line in lines), lines
     assert [line for line in lines if line.startswith("INFO")] == [  # where each start went
         line for line in lines if line.startswith("INFO tiny_start1 start phases: thinker ")]
@@ -187,7 +195,7 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
                              "--ab", "c2w30:code2wav.engine_resources.mps_sm_percent=30",
                              "--ab", "c2wlow:code2wav.engine_resources.mps_low_priority=true",
                              "--torch-profile", "2", "--torch-profile-text", "1")
-    assert rc == 0, "\n".join(lines)
+    assert rc == 0, report(lines, data)
     prof = json.loads((tmp_path / "gpu_profile.json").read_text())  # every stage, under load
     assert prof["concurrency"] == 2 and set(prof["stages"]) == {"thinker", "talker", "code2wav"}
     assert all(p["steps"] > 0 and p["top_host"] for p in prof["stages"].values()), prof
@@ -319,7 +327,7 @@ def test_code2wav_and_batch_phases_pass_on_cpu(tmp_path):
     """The code2wav step's batched A/B (and its float32 equality), then ``omni-ray batch`` on the
     stand-in with the app's engines: every row once, without error, timed per stage."""
     rc, lines, data = run_check(tmp_path, "--phases", "code2wav,batch")
-    assert rc == 0, "\n".join(lines)
+    assert rc == 0, report(lines, data)
     assert any(line.startswith("PASS code2wav batched == one by one (cpu fp32)") for line in lines)
     rep = json.loads((tmp_path / "code2wav_batch_cpu.json").read_text())
     assert [r["requests"] for r in rep["results"]] == [1, 4]
@@ -377,6 +385,25 @@ def test_a_variant_sets_dotted_app_args_and_keeps_the_base():
     for bad in ("ramp", "ramp:", ":a=1", "ramp:a"):
         with pytest.raises(argparse.ArgumentTypeError):
             gpu_check.parse_variant(bad)
+
+
+def test_a_start_whose_serve_run_exits_says_why_and_is_made_once_more(tmp_path):
+    """``serve run`` itself exiting (CI once: a bare "exited with 1" on a variant's start right
+    after the base's stop, its log gone with the run) is retried once on a fresh Ray cluster,
+    with an INFO line; the error names the exit status and the log's error line. Here the
+    config is one ``serve run`` refuses, so both tries exit."""
+    args = gpu_check.parse_args(["--device", "cpu", "--out", str(tmp_path)])
+    chk = gpu_check.Check(args)
+    cfg = {"http_options": {"port": "no-port"},
+           "applications": [{"name": "omni", "import_path": "omni_ray.builders:app"}]}
+    sr, st = gpu_check.timed_start(chk, cfg, "bad", "http://127.0.0.1:9", ray_stop=False)
+    assert sr is None and st["retried"] is True
+    assert st["error"].startswith("ServeExited: `serve run` exited with 1: "), st
+    assert "ValidationError" in st["error"], st
+    (retried,) = chk.checks
+    assert retried["status"] == "INFO" and retried["name"] == "bad start retried"
+    assert "no-port" in retried["log_tail"]
+    assert (tmp_path / "logs" / "bad.log").exists() and (tmp_path / "logs" / "bad_retry.log").exists()
 
 
 def test_serve_run_is_launched_once(tmp_path):
