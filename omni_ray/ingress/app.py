@@ -6,18 +6,19 @@ Routes: ``POST /v1/chat/completions`` (text and/or audio out, streaming or not),
 ``/debug/timeline``, ``/debug/steps``, ``/debug/profile``, ``POST /debug/pipeline`` and
 ``POST /debug/engines`` (off unless enabled). Python callers use ``generate`` and ``speak``
 (streams: ``handle.options(stream=True)``) and ``transcribe`` through a ``DeploymentHandle``.
+
+Each route here checks the caller, opens the request's stages and owns its lifecycle; a body
+becomes an ``OmniRequest`` in ``chat_request.py`` and an opened stream its answer (events, a
+``chat.completion`` or SSE chunks) in ``chat_answer.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import logging
 import math
 import os
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Body, FastAPI, Query, Request, WebSocket
@@ -25,15 +26,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from omni_ray.audio_formats import STREAM_AUDIO_FORMATS, encode_audio
 from omni_ray.config.request import OmniRequest
-from omni_ray.config.sampling import SamplingParams
 from omni_ray.config.serving import OmniServingArgs
-from omni_ray.ingress import media, speech, transcribe
-from omni_ray.ingress.api_models import ChatCompletionRequest, InputAudioPart, TextPart
+from omni_ray.ingress import speech, transcribe
+from omni_ray.ingress.api_models import ChatCompletionRequest
 from omni_ray.ingress.audio_store import TranscriptStore
+from omni_ray.ingress.chat_answer import Answers
+from omni_ray.ingress.chat_request import RequestBuilder, validate
 from omni_ray.inputs.processor import InputProcessor
-from omni_ray.ingress.detok import Detokenizer
 from omni_ray.ingress.errors import (
     APIError,
     api_error_handler,
@@ -43,7 +43,6 @@ from omni_ray.ingress.errors import (
     validation_error_handler,
 )
 from omni_ray.ingress.guard import Guard, GuardMiddleware, resolve_api_keys
-from omni_ray.ingress.input_limits import check_request_cost
 from omni_ray.ingress.realtime.endpoint import RealtimeEndpoint
 from omni_ray.ingress.warmup import WarmUp
 from omni_ray.models.speakers import checkpoint_speakers, resolve_speaker
@@ -55,7 +54,6 @@ from omni_ray.ingress.pipeline_client import (
 )
 from omni_ray.ingress.sse_response import SSEResponse
 from omni_ray.metrics import IngressMetrics, RequestStatus, RequestTrack
-from omni_ray.payload import AudioChunk, FinishReason, TextDelta
 from omni_ray.testing import faults
 from omni_ray.timeline import Timeline
 from omni_ray.ingress.speech import SpeechRequest
@@ -74,9 +72,6 @@ app.add_exception_handler(Exception, unhandled_error_handler)
 app.add_middleware(GuardMiddleware)
 
 RETRY_AFTER_S = 1  # Retry-After when a stage's backpressure_config sets none
-# One audio token = one codec frame of the talker = 80 ms of 24 kHz audio (code2wav upsamples a
-# frame to 1920 samples); usage counts the answer's frames from its length (docs/api.md).
-AUDIO_TOKEN_SAMPLES = 1920
 # A stage that does not answer /health's readiness call in this is not ready (while its replica
 # starts, Serve holds the call until it runs: /health must not wait for that).
 HEALTH_TIMEOUT_S = 2.0
@@ -130,9 +125,14 @@ class OmniIngress:
         self.tokenizer = load_tokenizer(model_dir)
         self.inputs = InputProcessor(model_dir, self.tokenizer)
         self.speakers = checkpoint_speakers(model_dir)
-        self.media_token_ids = _media_token_ids(model_dir)  # usage's prompt_tokens_details
         self.transcripts = TranscriptStore()  # audio.id -> transcript (multi-turn)
         self.timeline = Timeline()  # per-request milestones here; /debug/timeline joins stages'
+        # a body -> its OmniRequest (ingress/chat_request.py); an opened stream -> the answer
+        # (ingress/chat_answer.py)
+        self.requests = RequestBuilder(self.args, self.tokenizer, self.inputs, self.speakers,
+                                       self.transcripts)
+        self.answers = Answers(model_dir, self.args.model_id, self.tokenizer, self.timeline,
+                               self.transcripts)
         self.client = PipelineClient(thinker, talker, code2wav, self.timeline)
         self.stage_handles = dict(thinker=thinker, talker=talker, code2wav=code2wav)
         if self.args.disaggregated:
@@ -204,7 +204,7 @@ class OmniIngress:
         """OpenAI's text to speech: the talker voices ``input`` exactly (ingress/speech.py)."""
         track = self.metrics.track(["audio"])
         try:
-            req = await self._speech_request(body)
+            req = await self.requests.speech(body)
         except APIError:
             track.finish(RequestStatus.INVALID, "invalid_request")
             raise
@@ -215,7 +215,7 @@ class OmniIngress:
             logger.warning("request %s failed: %s", req.request_id, type(e).__name__)
             return APIError(500, f"request {req.request_id} failed: {e}", type="server_error")
 
-        return await speech.response(body, self._events(req, stream, track), fail)
+        return await speech.response(body, self.answers.events(req, stream, track), fail)
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(self, request: Request):
@@ -225,13 +225,13 @@ class OmniIngress:
         body = transcribe.chat_body(form, self.args.limits)
         track = self.metrics.track(["text"])
         try:
-            req, _ = await self._to_request(ChatCompletionRequest.model_validate(body))
+            req, _ = await self.requests.chat(ChatCompletionRequest.model_validate(body))
         except APIError as e:
             track.finish(RequestStatus.INVALID, "invalid_request")
             raise transcribe.as_file_error(e) from None
         self.timeline.start(req.request_id, "received")
         stream = await self._open(req, None, track)
-        answer = await self._complete(req, stream, "wav", track)
+        answer = await self.answers.complete(req, stream, "wav", track)
         return transcribe.response(form, answer)
 
     @app.websocket("/v1/realtime")
@@ -365,7 +365,7 @@ class OmniIngress:
         fault, kv_fault = faults.requested(request.headers, self.args.security.allow_fault_injection)
         track = self.metrics.track(body.modalities)
         try:
-            req, audio_format = await self._to_request(body)
+            req, audio_format = await self.requests.chat(body)
         except APIError:
             track.finish(RequestStatus.INVALID, "invalid_request")
             raise
@@ -377,8 +377,8 @@ class OmniIngress:
         stream = await self._open(req, fault, track, kv_fault)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return SSEResponse(self._sse(req, stream, include_usage, track))
-        return JSONResponse(await self._complete(req, stream, audio_format, track))
+            return SSEResponse(self.answers.sse(req, stream, include_usage, track))
+        return JSONResponse(await self.answers.complete(req, stream, audio_format, track))
 
     # -- browser playground (omni_ray/ingress/playground.py; open paths in Guard) ---------------
     @app.get("/", include_in_schema=False)
@@ -414,13 +414,13 @@ class OmniIngress:
         """
         track = self.metrics.track(body.get("modalities") if isinstance(body, dict) else None)
         try:
-            parsed = _validate(ChatCompletionRequest, body)
-            req, _ = await self._to_request(parsed)
+            parsed = validate(ChatCompletionRequest, body)
+            req, _ = await self.requests.chat(parsed)
         except APIError as e:
             track.finish(RequestStatus.INVALID, "invalid_request")
             raise ValueError(e.message) from None
         stream = await self._open_for_handle(req, track)
-        async for ev in self._events(req, stream, track):
+        async for ev in self.answers.events(req, stream, track):
             yield ev
 
     async def speak(self, body: dict) -> AsyncIterator[dict]:
@@ -430,12 +430,12 @@ class OmniIngress:
         (``text``: the input as spoken, ``usage``). Errors as ``generate``'s."""
         track = self.metrics.track(["audio"])
         try:
-            req = await self._speech_request(_validate(SpeechRequest, body))
+            req = await self.requests.speech(validate(SpeechRequest, body))
         except APIError as e:
             track.finish(RequestStatus.INVALID, "invalid_request")
             raise ValueError(e.message) from None
         stream = await self._open_for_handle(req, track)
-        async for ev in self._events(req, stream, track):
+        async for ev in self.answers.events(req, stream, track):
             if ev["type"] != "text":  # the given text itself: the done event carries it
                 yield ev
 
@@ -448,13 +448,13 @@ class OmniIngress:
             form = transcribe.form_from_body(body, self.args.limits)
             chat = ChatCompletionRequest.model_validate(
                 transcribe.chat_body(form, self.args.limits))
-            req, _ = await self._to_request(chat)
+            req, _ = await self.requests.chat(chat)
         except APIError as e:
             track.finish(RequestStatus.INVALID, "invalid_request")
             raise ValueError(transcribe.as_file_error(e).message) from None
         stream = await self._open_for_handle(req, track)
         done = None
-        async for ev in self._events(req, stream, track):
+        async for ev in self.answers.events(req, stream, track):
             done = ev if ev["type"] == "done" else done
         return {"text": done["text"], "usage": transcribe.usage(done["usage"])}
 
@@ -473,183 +473,9 @@ class OmniIngress:
             raise
 
     # -- internals -------------------------------------------------------------------------------
-    def _check_model(self, model: str) -> None:
-        if model != self.args.model_id:
-            raise APIError(404, f"model {_clip(model)!r} not found; this server serves "
-                                f"{self.args.model_id!r}", param="model", type="invalid_request_error",
-                           code="model_not_found")
-
-    async def _speech_request(self, body: SpeechRequest) -> OmniRequest:
-        """``/v1/audio/speech``'s request: the prompt and the given answer of ``speech_ids``."""
-        from omni_ray.models.tokenizer import speech_ids
-
-        self._check_model(body.model)
-        try:
-            speaker = resolve_speaker(body.voice_name, self.speakers)
-        except ValueError as e:
-            param = "voice" if isinstance(body.voice, str) else "voice.id"
-            raise bad_request(f"{param}: {e}", param) from None
-        prompt, answer = await asyncio.to_thread(speech_ids, self.tokenizer, body.input)
-        lim = self.args.limits
-        if len(answer) > lim.max_tokens:
-            raise bad_request(f"input: {len(answer)} tokens, over limits.max_tokens="
-                              f"{lim.max_tokens}", "input", code="input_too_long")
-        if len(prompt) + len(answer) > self.args.max_model_len:
-            raise bad_request(f"input: {len(prompt) + len(answer)} tokens with its prompt, over "
-                              f"the model's length {self.args.max_model_len}", "input",
-                              code="context_length_exceeded")
-        return OmniRequest(request_id=f"speech-{uuid.uuid4().hex}", prompt_token_ids=prompt,
-                           answer_token_ids=answer, modalities=("text", "audio"),
-                           speaker=speaker, max_tokens=len(answer),
-                           max_audio_frames=body.frames(len(answer), lim.max_audio_frames),
-                           talker_sampling=self.args.talker.default_sampling or SamplingParams())
-
-    async def _to_request(self, body: ChatCompletionRequest) -> tuple[OmniRequest, str]:
-        lim = self.args.limits
-        self._check_model(body.model)
-        check_request_cost(body, lim)  # before any decoding or tokenizing
-        modalities = tuple(body.modalities or ["text"])
-        if len(set(modalities)) != len(modalities):
-            raise bad_request("modalities: duplicate entries", "modalities")
-        voice = self.args.default_speaker if body.audio is None else body.audio.voice
-        audio_format = answer_audio_format(body)
-        try:
-            speaker = resolve_speaker(voice, self.speakers)  # as the CLI: any case
-        except ValueError as e:
-            if "audio" in modalities:
-                raise bad_request(f"audio.voice: {e}", "audio.voice") from None
-            speaker = resolve_speaker(self.args.default_speaker, self.speakers)  # text only
-        messages = [await self._message(i, m) for i, m in enumerate(body.messages)]
-        if not any(m["role"] == "user" for m in messages):
-            raise bad_request("messages: at least one user message is required", "messages")
-        prompt_ids, mm = await asyncio.to_thread(self._prompt, messages)
-        max_tokens = body.max_completion_tokens or body.max_tokens or lim.default_max_tokens
-        if max_tokens > lim.max_tokens:
-            raise bad_request(f"max_tokens: {max_tokens} is over limits.max_tokens={lim.max_tokens}",
-                              "max_tokens")
-        if len(prompt_ids) > lim.max_prompt_tokens:
-            raise bad_request(f"messages: prompt has {len(prompt_ids)} tokens, over "
-                              f"limits.max_prompt_tokens={lim.max_prompt_tokens}", "messages",
-                              code="context_length_exceeded")
-        if len(prompt_ids) + max_tokens > self.args.max_model_len:
-            raise bad_request(f"messages: prompt ({len(prompt_ids)} tokens) + max_tokens "
-                              f"({max_tokens}) exceeds the model's length {self.args.max_model_len}",
-                              "messages", code="context_length_exceeded")
-        frames = body.max_audio_frames or lim.default_max_audio_frames
-        if frames > lim.max_audio_frames:
-            raise bad_request(f"max_audio_frames: {frames} is over limits.max_audio_frames="
-                              f"{lim.max_audio_frames}", "max_audio_frames")
-        thinker = self.args.thinker.default_sampling or SamplingParams()
-        over = {k: v for k, v in dict(temperature=body.temperature, top_p=body.top_p,
-                                      seed=body.seed).items() if v is not None}
-        if over:
-            thinker = thinker.model_copy(update=over)
-        talker = self.args.talker.default_sampling or SamplingParams()
-        if body.seed is not None and not talker.greedy:
-            talker = talker.model_copy(update={"seed": body.seed})
-        req = OmniRequest(request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt_token_ids=prompt_ids,
-                          modalities=modalities, speaker=speaker, max_tokens=max_tokens,
-                          max_audio_frames=frames, thinker_sampling=thinker, talker_sampling=talker,
-                          mm=mm)
-        if self.args.security.log_prompts:  # debug only: prompts stay out of logs by default
-            logger.info("request %s prompt: %s", req.request_id, json.dumps(messages))
-        return req, audio_format
-
-    async def _message(self, i: int, m) -> dict:
-        """One message as ``chat_prompt`` takes it; media parts carry their (checked, not yet
-        decoded) bytes and the name of their field."""
-        role = "system" if m.role == "developer" else m.role
-        empty = m.content is None or m.content == "" or m.content == []
-        if m.audio is not None:
-            return {"role": role, "content": self._earlier_answer(i, m, empty)}
-        if empty:
-            raise bad_request(f"messages.{i}.content: must not be empty", f"messages.{i}.content")
-        if isinstance(m.content, str):
-            return {"role": role, "content": m.content}
-        parts = []
-        for j, part in enumerate(m.content):
-            param = f"messages.{i}.content.{j}"
-            if isinstance(part, TextPart):
-                parts.append({"type": "text", "text": part.text})
-                continue
-            # Media limits and the remote-URL policy first, so their message wins.
-            data = await media.read_part(part, param, self.args.limits, self.args.security)
-            if role != "user":
-                raise bad_request(f"{param}: audio and image parts are accepted in user messages "
-                                  "only", f"{param}.type", code="unsupported_content")
-            unsupported = self._media_unsupported()
-            if unsupported:
-                raise bad_request(f"{param}: content part type {part.type!r} is not supported by "
-                                  f"this deployment ({unsupported})", f"{param}.type",
-                                  code="unsupported_content")
-            if isinstance(part, InputAudioPart):
-                parts.append({"type": "audio", "data": data, "format": part.input_audio.format,
-                              "param": param})
-            else:
-                parts.append({"type": "image", "data": data, "param": param})
-        if all(p["type"] == "text" for p in parts):
-            return {"role": role, "content": "".join(p["text"] for p in parts)}
-        return {"role": role, "content": parts}
-
-    def _earlier_answer(self, i: int, m, empty: bool) -> str:
-        """The transcript of the spoken answer an assistant turn names by ``audio.id``."""
-        param = f"messages.{i}.audio"
-        if m.role != "assistant":
-            raise bad_request(f"{param}: only assistant messages refer to an earlier spoken "
-                              "answer", param)
-        if not empty:
-            raise bad_request(f"{param}: give the assistant turn's content or its audio.id, not "
-                              "both", param)
-        text = self.transcripts.get(m.audio.id)
-        if text is None:
-            raise bad_request(f"{param}.id: no spoken answer {_clip(m.audio.id)!r} here: unknown, "
-                              "expired (expires_at) or answered by another server replica",
-                              f"{param}.id", code="invalid_audio_id")
-        return text
-
     def media_ok(self) -> bool:
         """Whether this deployment takes audio / image input."""
-        return self._media_unsupported() is None
-
-    def _media_unsupported(self) -> str | None:
-        """Why this deployment cannot take audio / image input, or None."""
-        if self.args.disaggregated:
-            return "thinker prefill/decode disaggregation"
-        if not self.inputs.supports_media:
-            return "the checkpoint has no processor files"
-        return None
-
-    def _prompt(self, messages: list[dict]):
-        """Decode the media parts and run the processor (in a worker thread): prompt token ids
-        and the encoder inputs (None for text-only prompts)."""
-        from omni_ray.inputs.audio import decode_audio
-        from omni_ray.inputs.errors import InputError
-        from omni_ray.inputs.image import decode_image
-
-        lim = self.args.limits
-        media_parts = [p for m in messages if not isinstance(m["content"], str)
-                       for p in m["content"] if p["type"] != "text"]
-        if len(media_parts) > lim.max_media_parts:
-            raise bad_request(f"messages: {len(media_parts)} audio/image parts, over "
-                              f"limits.max_media_parts={lim.max_media_parts}", "messages",
-                              code="too_many_media_parts")
-        for p in media_parts:
-            try:
-                if p["type"] == "audio":
-                    p["audio"] = decode_audio(p["data"], p["format"],
-                                              max_seconds=lim.max_audio_seconds)
-                else:
-                    p["image"] = decode_image(p["data"], max_pixels=lim.max_image_pixels)
-            except InputError as e:
-                raise bad_request(f"{p['param']}.{e.field}: {e.message}",
-                                  f"{p['param']}.{e.field}", code=e.code) from None
-        try:
-            return self.inputs.build(messages, raw_media=self.args.thinker.backend == "vllm")
-        except ValueError as e:  # the processor refused the media (e.g. an extreme aspect ratio)
-            if not media_parts:
-                raise
-            raise bad_request(f"messages: cannot process the audio/image input: {e}", "messages",
-                              code="invalid_media") from None
+        return self.requests.media_unsupported() is None
 
     async def _open(self, req: OmniRequest, fault: str | None,
                     track: RequestTrack, kv_fault: str | None = None) -> PipelineStream:
@@ -686,71 +512,6 @@ class OmniIngress:
             track.finish(RequestStatus.ERROR, e.stage)
             raise APIError(500, f"request {req.request_id} failed: {e}", type="server_error") from e
 
-    async def _events(self, req: OmniRequest, stream: PipelineStream,
-                      track: RequestTrack) -> AsyncIterator[dict]:
-        """The opened request's stream as plain events: text deltas, audio pieces, then done."""
-        import asyncio
-
-        detok = Detokenizer(self.tokenizer)
-        n_out, n_samples, reason = 0, 0, FinishReason.NONE
-        try:
-            async for item in stream:
-                if isinstance(item, TextDelta):
-                    n_out += len(item.token_ids)
-                    text = detok.add(item.token_ids, item.finished)
-                    if text:
-                        track.on_text()
-                        self.timeline.mark(req.request_id, "first_text")
-                        yield {"type": "text", "delta": text}
-                    if item.finished:
-                        reason = item.finish_reason
-                elif isinstance(item, AudioChunk):
-                    from omni_ray.audio import to_float32, to_pcm16
-
-                    samples = to_float32(item.samples)  # plain numpy: see generate()
-                    n_samples += samples.size
-                    if samples.size:
-                        track.on_audio()
-                        self.timeline.mark(req.request_id, "first_audio")
-                    yield {"type": "audio", "seq": int(item.seq),
-                           "start_sample": int(item.start_sample),
-                           "num_samples": int(samples.size), "pcm16": to_pcm16(samples),
-                           "samples": samples}
-        except StageError as e:
-            track.finish(RequestStatus.ERROR, e.stage)
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            track.finish(RequestStatus.ABORTED, "client_disconnect")
-            raise
-        except BaseException:
-            track.finish(RequestStatus.ERROR, "internal")
-            raise
-        finally:
-            stream.close()
-            self.timeline.finish(req.request_id)
-        track.finish(RequestStatus.OK)
-        usage = self._usage(req.prompt_token_ids, n_out, n_samples)
-        yield {"type": "done", "finish_reason": _finish(reason), "usage": usage,
-               "text": detok.text}
-
-    def _usage(self, prompt_ids: list[int], text_tokens: int, audio_samples: int) -> dict:
-        """OpenAI's ``usage``: completion tokens are the thinker's text tokens plus the audio
-        tokens (codec frames, 80 ms each, counted from the waveform); prompt audio/image tokens
-        are the encoders' placeholder tokens in the prompt (docs/api.md)."""
-        audio_in = sum(1 for t in prompt_ids if t == self.media_token_ids["audio"])
-        image_in = sum(1 for t in prompt_ids if t in self.media_token_ids["image"])
-        audio_out = -(-audio_samples // AUDIO_TOKEN_SAMPLES)
-        completion = text_tokens + audio_out
-        return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
-                "total_tokens": len(prompt_ids) + completion,
-                "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": audio_in,
-                                          "image_tokens": image_in,
-                                          "text_tokens": len(prompt_ids) - audio_in - image_in},
-                "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": audio_out,
-                                              "text_tokens": text_tokens,
-                                              "accepted_prediction_tokens": 0,
-                                              "rejected_prediction_tokens": 0}}
-
     async def _inject(self, req: OmniRequest, stage: str) -> None:
         """Tests only: make ``stage`` fail this request (``x-omni-fault`` header)."""
         import asyncio
@@ -764,135 +525,3 @@ class OmniIngress:
             await handle.fail_next_step.remote(req.request_id)
 
         asyncio.get_running_loop().create_task(later())
-
-    async def _complete(self, req: OmniRequest, stream: PipelineStream, audio_format: str,
-                        track: RequestTrack) -> dict:
-        import numpy as np
-
-        text, pieces, done = "", [], None
-        try:
-            async for ev in self._events(req, stream, track):
-                if ev["type"] == "text":
-                    text += ev["delta"]
-                elif ev["type"] == "audio":
-                    pieces.append(ev["samples"])
-                else:
-                    done = ev
-        except StageError as e:
-            raise APIError(500, f"request {req.request_id} failed: {e}", type="server_error") from e
-        message: dict = {"role": "assistant", "content": text if "text" in req.modalities else None}
-        if req.wants_audio:
-            samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-            data = await asyncio.to_thread(encode_audio, samples, audio_format)
-            audio_id = f"audio_{req.request_id[9:]}"
-            message["audio"] = {"id": audio_id, "data": base64.b64encode(data).decode(),
-                                "expires_at": self.transcripts.put(audio_id, done["text"]),
-                                "transcript": done["text"]}
-        return {"id": req.request_id, "object": "chat.completion", "created": int(time.time()),
-                "model": self.args.model_id,
-                "choices": [{"index": 0, "message": message, "finish_reason": done["finish_reason"]}],
-                "usage": done["usage"]}
-
-    async def _sse(self, req: OmniRequest, stream: PipelineStream, include_usage: bool,
-                   track: RequestTrack) -> AsyncIterator[str]:
-        created = int(time.time())
-        base = {"id": req.request_id, "object": "chat.completion.chunk", "created": created,
-                "model": self.args.model_id}
-
-        def chunk(delta: dict, finish=None) -> str:
-            body = dict(base, choices=[{"index": 0, "delta": delta, "finish_reason": finish}])
-            return f"data: {json.dumps(body)}\n\n"
-
-        audio_id = f"audio_{req.request_id[9:]}"
-        pending_transcript = ""
-        try:
-            yield chunk({"role": "assistant", "content": ""})
-            async for ev in self._events(req, stream, track):
-                if ev["type"] == "text":
-                    if "text" in req.modalities:
-                        yield chunk({"content": ev["delta"]})
-                    pending_transcript += ev["delta"]
-                elif ev["type"] == "audio":
-                    yield chunk({"audio": {"id": audio_id,
-                                           "data": base64.b64encode(ev["pcm16"]).decode(),
-                                           "transcript": pending_transcript}})
-                    pending_transcript = ""
-                else:
-                    if req.wants_audio:  # a later turn may name this answer by its id
-                        expires_at = self.transcripts.put(audio_id, ev["text"])
-                        yield chunk({"audio": {"id": audio_id, "data": "",
-                                               "expires_at": expires_at,
-                                               "transcript": pending_transcript}})
-                    yield chunk({}, ev["finish_reason"])
-                    if include_usage:
-                        yield f"data: {json.dumps(dict(base, choices=[], usage=ev['usage']))}\n\n"
-        except StageError as e:
-            logger.warning("request %s failed: %s", req.request_id, e)
-            err = APIError(500, f"request {req.request_id} failed: {e}", type="server_error")
-            yield f"data: {json.dumps(err.body())}\n\n"
-        except (Exception, asyncio.CancelledError) as e:
-            # Never cut a started stream without an error event and [DONE]. A CancelledError is
-            # passed on only when this task is being cancelled (the client left); one raised by
-            # an inner await (a stage call cancelled under us) is an error like any other.
-            if isinstance(e, asyncio.CancelledError) and _task_cancelling():
-                raise
-            logger.warning("request %s failed: %s", req.request_id, type(e).__name__)
-            err = APIError(500, f"request {req.request_id} failed: {type(e).__name__}",
-                           type="server_error")
-            yield f"data: {json.dumps(err.body())}\n\n"
-        finally:
-            stream.close()  # also when the client left before the first event
-        yield "data: [DONE]\n\n"
-
-
-def answer_audio_format(body: ChatCompletionRequest) -> str:
-    """The answer's ``audio.format``; streamed answers are pcm16 (the default when the body names
-    none), another format asked for a streamed answer with audio is a 400 naming it."""
-    if not body.stream:
-        return "wav" if body.audio is None else body.audio.format
-    if body.audio is None or "format" not in body.audio.model_fields_set:
-        return STREAM_AUDIO_FORMATS[0]
-    fmt = body.audio.format
-    if "audio" in (body.modalities or ()) and fmt not in STREAM_AUDIO_FORMATS:
-        raise bad_request(f"audio.format: {fmt!r} cannot be streamed; streamed answers carry "
-                          f"{' or '.join(STREAM_AUDIO_FORMATS)} pieces (as OpenAI's)",
-                          "audio.format", code="unsupported_value")
-    return fmt
-
-
-def _media_token_ids(model_dir) -> dict:
-    """The thinker's placeholder token ids: ``audio`` (an id), ``image`` (image and video ids)."""
-    from pathlib import Path
-
-    th = json.loads((Path(model_dir) / "config.json").read_text()).get("thinker_config", {})
-    return {"audio": th.get("audio_token_id"),
-            "image": {t for t in (th.get("image_token_id"), th.get("video_token_id")) if t}}
-
-
-def _validate(model, body):
-    """``model.model_validate(body)`` for a handle caller; a ``ValidationError`` (which does not
-    pickle well across Ray) as a 400 ``APIError`` naming the first field."""
-    from pydantic import ValidationError
-
-    try:
-        return model.model_validate(body)
-    except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(p) for p in err.get("loc", ())) or None
-        raise bad_request(f"{field}: {err.get('msg')}" if field else str(err.get("msg")),
-                          field) from None
-
-
-def _task_cancelling() -> bool:
-    """Whether the current task has been asked to cancel (the client disconnected)."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
-
-
-def _clip(text: str, n: int = 64) -> str:
-    """At most ``n`` characters of a client's string, for echoing it in an error."""
-    return text if len(text) <= n else f"{text[:n]}...({len(text)} characters)"
-
-
-def _finish(reason: FinishReason) -> str:
-    return "length" if reason == FinishReason.LENGTH else "stop"

@@ -4,7 +4,7 @@ The first request through a fresh pipeline paid 15-30x the next one's time to fi
 kernel runs, allocator growth, lazy imports, the audio processor's first call). So once every
 stage reports ready, the ingress replica sends one short text+audio request, and one with an
 audio input when the checkpoint has a processor, through the same path as a user request
-(``_to_request`` -> ``PipelineClient.open`` -> ``_events``). Their ids start with
+(``RequestBuilder.chat`` -> ``PipelineClient.open`` -> ``Answers.events``). Their ids start with
 ``WARMUP_ID_PREFIX`` so every stage engine counts them (``warmups`` in ``/debug/stats``); they
 stay out of the request metrics. A warm-up that fails is retried; ``/health`` says why meanwhile.
 When a stage's engine restarts later (``/health`` sees its readiness say ``restarting``, or a
@@ -141,10 +141,10 @@ def _any_standby(args, depth: int = 2) -> bool:
 
 
 async def _one(ingress, body: ChatCompletionRequest, prefix: str = WARMUP_ID_PREFIX) -> None:
-    req, _ = await ingress._to_request(body)
+    req, _ = await ingress.requests.chat(body)
     req = req.model_copy(update={"request_id": prefix + req.request_id})
     stream = await ingress.client.open(req)
-    async for _ in ingress._events(req, stream, _NoTrack()):
+    async for _ in ingress.answers.events(req, stream, _NoTrack()):
         pass
 
 

@@ -55,7 +55,7 @@ def test_warm_up_bodies_pass_the_audio_format_check():
     """The warm-up's streamed bodies name no audio format: pcm16, not a 400 (which would make
     the warm-up skip them)."""
     from omni_ray.config.serving import LimitsConfig
-    from omni_ray.ingress.app import answer_audio_format
+    from omni_ray.ingress.chat_request import answer_audio_format
     from omni_ray.ingress.warmup import warmup_bodies
 
     for body in warmup_bodies("m", LimitsConfig(), with_audio_input=False):
@@ -69,7 +69,7 @@ def test_warm_up_bodies_pass_the_audio_format_check():
     (True, {"voice": "x", "format": "wav"}, "audio.format"),
 ])
 def test_streamed_answers_are_pcm16(stream, audio, want):
-    from omni_ray.ingress.app import answer_audio_format
+    from omni_ray.ingress.chat_request import answer_audio_format
     from omni_ray.ingress.errors import APIError
 
     body = ChatCompletionRequest.model_validate(

@@ -5,8 +5,8 @@ Bearer`` or OpenAI's browser subprotocol ``openai-insecure-api-key.<key>``), the
 parameter, and a per-key slot (``limits.max_concurrent_requests_per_key`` counts open sockets
 with the requests). A refusal is an ``error`` event and a close (1008, or 1013 when over the
 key's concurrency). Then client events go to a ``RealtimeSession``; its answers are built exactly
-as a chat completion's (``OmniIngress._to_request`` / ``_open`` / ``_events``: the same limits,
-media decoding and stage lifecycle). The socket closing, or idling past
+as a chat completion's (``RequestBuilder.chat``, ``OmniIngress._open``, ``Answers.events``: the
+same limits, media decoding and stage lifecycle). The socket closing, or idling past
 ``realtime.idle_timeout_s`` with no response running, frees everything.
 """
 
@@ -59,7 +59,7 @@ class IngressBackend:
             body["max_tokens"] = max_tokens
         track = ing.metrics.track(modalities)
         try:
-            req, _ = await ing._to_request(ChatCompletionRequest.model_validate(body))
+            req, _ = await ing.requests.chat(ChatCompletionRequest.model_validate(body))
         except ValidationError as e:
             track.finish(RequestStatus.INVALID, "invalid_request")
             raise P.from_validation(e) from None
@@ -71,7 +71,7 @@ class IngressBackend:
             stream = await ing._open(req, None, track)
         except APIError as e:
             raise _protocol_error(e) from None
-        async for ev in ing._events(req, stream, track):
+        async for ev in ing.answers.events(req, stream, track):
             yield ev
 
 

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from omni_ray.audio import pcm16_wav
 from omni_ray.config.defaults import REALTIME_SAMPLE_RATE as RATE
 from omni_ray.config.serving import RealtimeConfig
+from omni_ray.ingress.chat_answer import AUDIO_TOKEN_SAMPLES  # the chat usage's
 from omni_ray.ingress.realtime import protocol as P
 from omni_ray.ingress.realtime.conversation import ConvItem, InputBuffer, merge
 from omni_ray.ingress.realtime.vad import TurnDetector
@@ -31,7 +32,6 @@ logger = logging.getLogger("ray.serve")
 
 MS = RATE // 1000                 # samples per millisecond (24)
 MIN_COMMIT_MS = 100               # OpenAI's smallest committable buffer
-AUDIO_TOKEN_SAMPLES = 1920        # one audio token = one 80 ms codec frame (as the chat usage)
 # The chat API's refusals of a too-long conversation (``param`` "messages"); None: max_messages.
 TRUNCATED_ON = {"context_length_exceeded", "too_many_content_parts", "too_many_media_parts", None}
 
