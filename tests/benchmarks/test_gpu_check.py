@@ -403,7 +403,8 @@ def test_a_start_whose_serve_run_exits_says_why_and_is_made_once_more(tmp_path):
     (retried,) = chk.checks
     assert retried["status"] == "INFO" and retried["name"] == "bad start retried"
     assert "no-port" in retried["log_tail"]
-    assert (tmp_path / "logs" / "bad.log").exists() and (tmp_path / "logs" / "bad_retry.log").exists()
+    logs = tmp_path / "logs"
+    assert (logs / "bad.log").exists() and (logs / "bad_retry.log").exists()
 
 
 def test_serve_run_is_launched_once(tmp_path):
