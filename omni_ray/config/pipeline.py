@@ -75,14 +75,15 @@ class PipelineConfig(BaseModel):
                           "up to float rounding. Unset: on where code2wav batches (bf16/fp16; "
                           "code2wav_max_batch), off in float32, the exact reference")
     code2wav_step_graphs: bool = Field(
-        False, description="with code2wav_pad_shapes, on a GPU: code2wav's padded forwards whose "
-                           "rows all carry state (no request's first chunk) replay a CUDA graph "
-                           "per (batch, frames), captured and checked against the eager forward "
-                           "at start. A step of a few rows is launch-bound eager (12-15 ms on an "
-                           "H100 for a few thousand samples). Off until a GPU run measures it "
-                           "(built without one: benchmarks/README.md, session 32). Live: off in "
-                           "a running app, the steps run eager; on again, they replay the graphs "
-                           "captured at start (none where it started off)")
+        True, description="with code2wav_pad_shapes, on a GPU: code2wav's padded forwards whose "
+                          "rows all carry state (no request's first chunk) replay a CUDA graph "
+                          "per (batch, frames), captured and checked against the eager forward "
+                          "at start (~10 s). Eager, such a step of a few rows is launch-bound: "
+                          "on an H200 a replay took 6.7-30 ms where the padded eager forward "
+                          "took 15-39 ms (benchmarks/README.md, session 34). No effect in "
+                          "float32 or on CPU (no padding there). Live: off in a running app, "
+                          "the steps run eager; on again, they replay the graphs captured at "
+                          "start (none where it started off)")
     code2wav_mode: Literal["window", "stateful"] = Field(
         DEFAULT_CODE2WAV_MODE,
         description="stateful: carry attention/conv state, exact for any chunking (default); "

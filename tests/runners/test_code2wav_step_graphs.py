@@ -104,8 +104,8 @@ def test_a_pair_whose_check_fails_stays_eager(model, monkeypatch, caplog):
 
 
 def test_the_setting_follows_the_config():
-    assert PipelineConfig().code2wav_step_graphs is False  # until a GPU run measures it
-    assert PipelineConfig(code2wav_step_graphs=True).code2wav_step_graphs is True
+    assert PipelineConfig().code2wav_step_graphs is True  # on since session 34's H200 run
+    assert PipelineConfig(code2wav_step_graphs=False).code2wav_step_graphs is False
     with pytest.raises(RuntimeError, match="CUDA"):
         StepGraphs(StreamingCode2Wav(build_stream(TINY_SLIDING).model), (1,), (1,))
 
