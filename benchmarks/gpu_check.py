@@ -49,6 +49,7 @@ from benchmarks.answers import (ask, audio_frames, cases, compare_answers, offli
                                well_formed)
 from benchmarks.launch import free_port
 from benchmarks.machine import machine_info
+from benchmarks.metrics import slower_than_realtime
 from benchmarks.overrides import parse_variant, set_dotted
 from benchmarks.serve_proc import REPO_ROOT, ServeExited, ServeRun, child_env, tail
 
@@ -942,6 +943,8 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
                 chk.line("INFO", f"talker opening burst{sfx} c={c}", step_trace.opening_line(tr))
             if shapes := step_trace.shapes_line(tr):  # what a shape met first costs
                 chk.line("INFO", f"new shapes{sfx} c={c}", shapes)
+        if slow := slower_than_realtime(lv["requests"]):  # what an RTF p99 over 1 is made of
+            chk.line("INFO", f"streams of RTF >= 1{sfx} c={c}", slow)
         if lv["stall_where"]:  # which chunk came late: requests waiting there, mean wait
             chk.line("INFO", f"stalls by audio played{sfx} c={c}", ", ".join(
                 f"{k} {_f(v['requests_frac'], 2)} ({v['mean_wait_s'] * 1e3:.0f} ms)"

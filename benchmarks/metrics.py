@@ -126,6 +126,22 @@ def stall_where(per_request: list[list[tuple[float, float]]],
     return out
 
 
+def slower_than_realtime(requests: list[dict], most: int = 4) -> str | None:
+    """The streams of RTF >= 1 (``requests``: gpu_check's per-request dicts, ``rtf``,
+    ``audio_s``, ``ttfa_s``, ``stall_s``), the longest waits first, each with what makes its RTF:
+    a stream whose audio is shorter than its wait for the first packet has RTF > 1 without ever
+    running dry (a random-weight talker ending early). None where there is none."""
+    slow = sorted((r for r in requests if r.get("rtf") is not None and r["rtf"] >= 1),
+                  key=lambda r: -(r.get("stall_s") or 0.0))
+    if not slow:
+        return None
+    shown = ", ".join(
+        f"RTF {r['rtf']:.2f}: {r['audio_s']:.2f} s of audio, first at "
+        f"{r['ttfa_s']:.3f} s, stalled {r.get('stall_s') or 0.0:.3f} s" for r in slow[:most])
+    more = f", and {len(slow) - most} more" if len(slow) > most else ""
+    return f"{len(slow)} of {len(requests)} streams: {shown}{more}"
+
+
 @dataclass
 class RequestRecord:
     """What one streamed request did; times are absolute ``perf_counter`` seconds."""

@@ -27,6 +27,7 @@ from benchmarks.metrics import (  # noqa: E402
     playback_stalls,
     stall_where,
     rtf,
+    slower_than_realtime,
     stats,
     summarize,
 )
@@ -224,6 +225,22 @@ def test_record_stall_and_realtime_from_its_packets():
     assert s.metrics["stall_s"]["n"] == 2
     assert s.metrics["stall_s"]["max"] == pytest.approx(2 * REALTIME_TOLERANCE_S)
     assert summarize([text_only], wall_s=1.0).realtime_frac is None
+
+
+def test_streams_slower_than_realtime_say_what_made_their_rtf():
+    """Session 34's c=32 level (an H200): RTF p99 1.39 from four random-weight talkers that
+    ended their audio early, none of which ran dry for long."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks/results/gpu_serve_h200_s34.json"
+    c8, c32 = json.loads(path.read_text())["levels"]
+    assert slower_than_realtime(c8["requests"]) is None
+    line = slower_than_realtime(c32["requests"])
+    assert line.startswith("2 of 64 streams: ")
+    assert "RTF 1.73: 0.22 s of audio, first at 0.333 s, stalled 0.000 s" in line
+    assert "RTF 1.19: 0.46 s of audio" in line
+    made = [dict(rtf=1.0 + i / 10, audio_s=0.1, ttfa_s=0.5, stall_s=i / 100) for i in range(6)]
+    line = slower_than_realtime(made + [dict(rtf=0.3, audio_s=9.0, ttfa_s=0.2, stall_s=0.0),
+                                        dict(rtf=None, audio_s=0.0, ttfa_s=None, stall_s=None)])
+    assert line.startswith("6 of 8 streams: RTF 1.50") and line.endswith(", and 2 more")
 
 
 # -- statistics -----------------------------------------------------------------------------------
