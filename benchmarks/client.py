@@ -15,9 +15,10 @@ from benchmarks.metrics import RequestRecord, parse_sse_line
 
 def chat_body(prompt: str, *, model: str, max_tokens: int, max_audio_frames: int | None,
               modalities: list[str], voice: str = "ethan", audio_input: bytes | None = None,
-              ) -> dict:
+              ignore_eos: bool = False) -> dict:
     """A streaming ``/v1/chat/completions`` body asking for usage in the last chunk;
-    ``audio_input`` (wav bytes) goes before the text as an ``input_audio`` part."""
+    ``audio_input`` (wav bytes) goes before the text as an ``input_audio`` part;
+    ``ignore_eos``: the answer runs to ``max_tokens`` and its audio to ``max_audio_frames``."""
     content: str | list = prompt
     if audio_input is not None:
         import base64
@@ -28,6 +29,8 @@ def chat_body(prompt: str, *, model: str, max_tokens: int, max_audio_frames: int
     body = {"model": model, "messages": [{"role": "user", "content": content}],
             "modalities": list(modalities), "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True
     if "audio" in modalities:
         body["audio"] = {"voice": voice, "format": "pcm16"}
         if max_audio_frames:

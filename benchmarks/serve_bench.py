@@ -121,7 +121,8 @@ async def bench_url(url: str, label: str, args) -> list[dict]:
         def bodies(n, seed):
             return [chat_body(p, model=model, max_tokens=max_tokens,
                               max_audio_frames=args.max_audio_frames,
-                              modalities=args.modalities.split(","), audio_input=speech)
+                              modalities=args.modalities.split(","), audio_input=speech,
+                              ignore_eos=args.ignore_eos)
                     for p in make_prompts(args.prompts, n, args.input_len, seed,
                                           _ints(args.input_len_range))]
 
@@ -299,6 +300,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-audio-frames", type=int, default=150)
     ap.add_argument("--modalities", default="text,audio")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="every answer runs to --max-tokens and its audio to "
+                    "--max-audio-frames (the request's ignore_eos): fixed lengths")
     ap.add_argument("--audio-input-seconds", type=float, default=0.0,
                     help="speech in: a generated wav of this length before each prompt's text")
     ap.add_argument("--warmup", type=int, default=1)

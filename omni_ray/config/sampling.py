@@ -19,6 +19,10 @@ class SamplingParams(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
     seed: int | None = Field(None, description="per-request seed for sampling; None: unseeded")
+    ignore_eos: bool = Field(False, description="never end at the stage's own end token (the "
+                                                "thinker's end of turn, the talker's codec end): "
+                                                "run to max_tokens / max_audio_frames, as vLLM's "
+                                                "ignore_eos; for benchmarks of fixed lengths")
 
     @property
     def greedy(self) -> bool:

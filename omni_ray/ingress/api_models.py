@@ -138,6 +138,9 @@ class ChatCompletionRequest(Strict):
                                       description=f"below {GREEDY_BELOW} means 0 (greedy)")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1, description="int64")
+    ignore_eos: bool | None = Field(None, description="omni_ray extension (vLLM's): the answer "
+                                    "runs to max_tokens and its audio to max_audio_frames, past "
+                                    "the model's end tokens; for benchmarks of fixed lengths")
     # Harmless: accepted, nothing to do.
     user: str | None = None
     safety_identifier: str | None = None

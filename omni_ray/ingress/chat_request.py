@@ -86,12 +86,15 @@ class RequestBuilder:
                               f"{lim.max_audio_frames}", "max_audio_frames")
         thinker = self.args.thinker.default_sampling or SamplingParams()
         over = {k: v for k, v in dict(temperature=body.temperature, top_p=body.top_p,
-                                      seed=body.seed).items() if v is not None}
+                                      seed=body.seed, ignore_eos=body.ignore_eos).items()
+                if v is not None}
         if over:
             thinker = thinker.model_copy(update=over)
         talker = self.args.talker.default_sampling or SamplingParams()
-        if body.seed is not None and not talker.greedy:
-            talker = talker.model_copy(update={"seed": body.seed})
+        over = {k: v for k, v in dict(seed=None if talker.greedy else body.seed,
+                                      ignore_eos=body.ignore_eos).items() if v is not None}
+        if over:
+            talker = talker.model_copy(update=over)
         req = OmniRequest(request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt_token_ids=prompt_ids,
                           modalities=modalities, speaker=speaker, max_tokens=max_tokens,
                           max_audio_frames=frames, thinker_sampling=thinker, talker_sampling=talker,

@@ -14,6 +14,13 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
     return torch.Generator().manual_seed(params.seed)
 
 
+def stop_ids(params: SamplingParams, eos_ids: frozenset[int],
+             stop_token_ids: list[int] | None = None) -> frozenset[int]:
+    """The ids that end a request: its ``stop_token_ids``, and the model's end ids ``eos_ids``
+    unless ``params.ignore_eos``."""
+    return (frozenset() if params.ignore_eos else eos_ids) | frozenset(stop_token_ids or ())
+
+
 def sample_token(
     logits: torch.Tensor,
     params: SamplingParams,

@@ -18,12 +18,13 @@ def client(url: str) -> OpenAI:
 
 
 def ask(url, text=PROMPT, modalities=("text", "audio"), stream=False, voice="chelsie",
-        max_tokens=16, frames=40):
-    """One request; returns (text, pcm16 int16 array or None, finish_reason, usage)."""
+        max_tokens=16, frames=40, extra=None):
+    """One request (``extra``: more of omni_ray's fields); returns (text, pcm16 int16 array or
+    None, finish_reason, usage)."""
     c = client(url)
     kw = dict(model="qwen3-omni", messages=[{"role": "user", "content": text}],
               modalities=list(modalities), max_tokens=max_tokens,
-              extra_body={"max_audio_frames": frames})
+              extra_body={"max_audio_frames": frames, **(extra or {})})
     if "audio" in modalities:
         kw["audio"] = {"voice": voice, "format": "pcm16" if stream else "wav"}
     if not stream:
@@ -59,11 +60,16 @@ def audio_data(delta) -> str | None:
     return audio.get("data") if isinstance(audio, dict) else audio.data
 
 
-def offline_answer(omni, text=PROMPT, voice="chelsie", max_tokens=16, frames=40):
+def offline_answer(omni, text=PROMPT, voice="chelsie", max_tokens=16, frames=40,
+                   ignore_eos=False):
     from omni_ray.audio import to_pcm16
     from omni_ray.config.request import OmniRequest
 
     req = OmniRequest(request_id="ref", prompt_token_ids=omni.prompt_ids(text), speaker=voice,
                       max_tokens=max_tokens, max_audio_frames=frames)
+    if ignore_eos:
+        req = req.model_copy(update={
+            f"{stage}_sampling": getattr(req, f"{stage}_sampling").model_copy(
+                update={"ignore_eos": True}) for stage in ("thinker", "talker")})
     out = omni.generate(req)[0]
     return out.text, np.frombuffer(to_pcm16(out.audio), dtype="<i2")

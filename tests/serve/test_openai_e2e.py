@@ -33,6 +33,23 @@ def test_streamed_audio_equals_nonstreamed_and_offline(serve_urls, offline, mode
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_ignore_eos_runs_the_audio_to_max_audio_frames(serve_urls, offline, mode):
+    """``ignore_eos`` (vLLM's extension, for benchmarks of fixed lengths): this answer's audio,
+    which ends at the codec end after ~19 of its 90 frames, runs to all 90, as the offline
+    pipeline's with the same flag; the text keeps its max_tokens."""
+    url = serve_urls[mode]
+    _, short, _, _ = ask(url, stream=True, max_tokens=30, frames=90)
+    assert 0 < short.size < 80 * 1920
+    text, pcm, finish, usage = ask(url, stream=True, max_tokens=30, frames=90,
+                                   extra={"ignore_eos": True})
+    ref_text, ref_pcm = offline_answer(offline[mode], max_tokens=30, frames=90, ignore_eos=True)
+    assert text == ref_text and pcm.shape == ref_pcm.shape
+    assert np.abs(pcm.astype(int) - ref_pcm.astype(int)).max() <= 1
+    assert usage.completion_tokens_details.audio_tokens == 90
+    assert usage.completion_tokens_details.text_tokens == 30 and finish == "length"
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("modalities", [("text",), ("audio",), ("text", "audio")])
 def test_every_modality_combination(serve_urls, mode, stream, modalities):

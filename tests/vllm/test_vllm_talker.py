@@ -159,6 +159,22 @@ def test_repetition_penalty_equals_transformers_talker(talker, hf_talker, thinke
     assert any(not torch.equal(plain[rid], ref[rid]) for rid in ref)
 
 
+def test_ignore_eos_runs_the_audio_to_max_frames_as_transformers(talker, hf_talker, thinker_out):
+    """``ignore_eos``: codebook 0 never takes the codec end, so every request's audio runs to
+    its max_audio_frames, the vLLM talker's frames equal TalkerRunner's; without it, one of
+    these requests ends its audio early (the test can fail)."""
+    plain = SamplingParams(repetition_penalty=1.05)  # the talker's default
+    _, plain_done = _drive(hf_talker, thinker_out, params=plain)
+    assert any(r == FinishReason.STOP for r, _ in plain_done.values())
+    no_eos = plain.model_copy(update={"ignore_eos": True})
+    ref, ref_done = _drive(hf_talker, thinker_out, params=no_eos)
+    got, done = _drive(talker, thinker_out, params=no_eos)
+    assert done == ref_done
+    for rid, _, _, frames in thinker_out:
+        assert done[rid] == (FinishReason.LENGTH, None), rid
+        assert got[rid].shape[0] == frames and torch.equal(got[rid], ref[rid]), rid
+
+
 def test_waits_for_text_and_never_decodes_without_it(talker, hf_talker, thinker_out):
     """The thinker delivers one token every 3 talker steps: the talker waits (no frame, no
     error) while the next text is unknown, and the frames equal the all-at-once ones."""

@@ -121,6 +121,30 @@ def test_max_tokens_and_stop_tokens_match(vllm_runner, hf_runner, prompts):
     assert reasons["len1"] == reasons["len3"] == FinishReason.LENGTH
 
 
+def test_ignore_eos_runs_past_the_end_ids_but_not_the_stop_ids(vllm_runner, hf_runner, prompts,
+                                                                 monkeypatch):
+    """``ignore_eos``: the runner's end ids (here the 5th greedy token) no longer end the
+    answer, a request's own stop ids still do; both backends alike."""
+    free, _ = run(hf_runner, {"free": (prompts[1], 8, None)})
+    end = free["free"][4]
+    assert end not in free["free"][:4]
+    no_eos = SamplingParams(ignore_eos=True)
+    for runner in (hf_runner, vllm_runner):
+        monkeypatch.setattr(runner, "eos_token_ids", frozenset([end]))
+        runner.add_request("ends", prompts[1], GREEDY, 8)
+        runner.add_request("runs", prompts[1], no_eos, 8)
+        runner.add_request("stops", prompts[1], no_eos, 8, [end])
+        tokens, reasons = {}, {}
+        while runner.has_unfinished():
+            for out in runner.step():
+                tokens[out.request_id] = tokens.get(out.request_id, []) + out.new_token_ids
+                if out.finished:
+                    reasons[out.request_id] = out.finish_reason
+        assert tokens["ends"] == tokens["stops"] == free["free"][:5], type(runner).__name__
+        assert reasons["ends"] == reasons["stops"] == FinishReason.STOP
+        assert tokens["runs"] == free["free"] and reasons["runs"] == FinishReason.LENGTH
+
+
 def test_abort_mid_generation(vllm_runner, hf_runner, prompts):
     want, _ = run(hf_runner, {"keep": (prompts[1], 10, None)})
     vllm_runner.add_request("keep", prompts[1], GREEDY, 10)

@@ -115,8 +115,8 @@ class TalkerRunner(TalkerRequests):
                          output_hidden_states=True, generation_step=seq.gen_step - 1)
         seq.cache = out.cache
         seq.past_hidden = out.hidden_states[0][-1][:, -1:]
-        token = sample_token(out.logits[0, -1], seq.params, seq.codec_ids, self.inputs.suppress,
-                             seq.generator)
+        token = sample_token(out.logits[0, -1], seq.params, seq.codec_ids,
+                             self.inputs.suppressed(seq.params), seq.generator)
         seq.codec_ids.append(token)
 
     def _prefill(self, seq: _Seq) -> None:

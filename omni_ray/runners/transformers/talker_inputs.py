@@ -140,6 +140,7 @@ class TalkerInputs:
         self.speakers = {k.lower(): v for k, v in tc.speaker_id.items()}
         vocab = tc.text_config.vocab_size
         self.suppress = torch.tensor([i for i in range(vocab - 1024, vocab) if i != self.codec_eos])
+        self._suppress_eos = torch.tensor(range(vocab - 1024, vocab))  # ... and the codec end
         th = config.thinker_config
         self.mm_token_ids = {th.audio_token_id, th.image_token_id, th.video_token_id}
         with torch.inference_mode():
@@ -414,6 +415,11 @@ class TalkerInputs:
         caller's: ``frames_copied()`` no longer waits for it."""
         event, self._frames_copy = self._frames_copy, None
         return event
+
+    def suppressed(self, params: SamplingParams) -> torch.Tensor:
+        """The codebook-0 ids a request never samples: the non-codec ids, and the codec end
+        too with ``ignore_eos`` (its audio then runs to ``max_audio_frames``)."""
+        return self._suppress_eos if params.ignore_eos else self.suppress
 
     def finish_reason(self, seq: TalkerSeq) -> FinishReason:
         if seq.codec_ids and seq.codec_ids[-1] == self.codec_eos:

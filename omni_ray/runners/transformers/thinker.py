@@ -27,7 +27,7 @@ import torch
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason, MultiModalInputs
 from omni_ray.runners.kv import Prefilled
-from omni_ray.runners.sampling import make_generator, sample_token
+from omni_ray.runners.sampling import make_generator, sample_token, stop_ids
 
 if TYPE_CHECKING:
     from omni_ray.config.pipeline import PipelineConfig
@@ -119,7 +119,7 @@ class ThinkerRunner:
             raise ValueError("max_tokens must be >= 1")
         if mm is not None:
             self._check_mm(prompt_ids, mm)
-        stop = self.eos_token_ids | frozenset(stop_token_ids or ())
+        stop = stop_ids(params, self.eos_token_ids, stop_token_ids)
         self._seqs[request_id] = _Seq(request_id, list(prompt_ids), params, max_tokens, stop,
                                       make_generator(params), mm_inputs=mm)
 

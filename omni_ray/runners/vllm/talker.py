@@ -543,7 +543,8 @@ class _Bridge:
         return out
 
     def on_logits(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """Keep each request's last hidden state; suppress non-codec ids; repetition penalty."""
+        """Keep each request's last hidden state; suppress non-codec ids (and the codec end
+        for ``ignore_eos``); repetition penalty."""
         t0 = time.perf_counter()
         try:
             return self._on_logits(hidden, logits)
@@ -559,12 +560,14 @@ class _Bridge:
         if n == 0 or hidden.shape[0] != n:  # warm-up / profiling
             return logits
         penalized: list[TalkerSeq | None] = []
-        new_rows, new_codes = [], []
+        new_rows, new_codes, no_eos = [], [], []
         self._fresh = n
         for i, internal in enumerate(batch.req_ids[:n]):
             seq = self.seqs.get(internal)
             if seq is not None:
                 seq.past_hidden = hidden[i:i + 1].detach().unsqueeze(0).to(self._dtype)  # [1,1,D]
+                if seq.params.ignore_eos:
+                    no_eos.append(i)
             if seq is None or seq.params.repetition_penalty == 1.0:
                 penalized.append(None)
                 continue
@@ -577,6 +580,8 @@ class _Bridge:
             new_codes += fresh
             seq.seen_marked = len(seq.codec_ids)
             penalized.append(seq)
+        if no_eos:  # TalkerInputs.suppressed: the codec end too
+            logits[to_device(no_eos, logits.device), self.inputs.codec_eos] = float("-inf")
         if not any(penalized):
             return logits
         # transformers' rule over each request's generated codes, for the whole batch at once:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from omni_ray.config.sampling import SamplingParams
 from omni_ray.payload import FinishReason, MultiModalInputs
+from omni_ray.runners.sampling import stop_ids
 from omni_ray.runners.transformers.thinker import MMContext, ThinkerStepOutput
 
 if TYPE_CHECKING:
@@ -172,7 +173,7 @@ class VllmThinkerRunner:
             raise ValueError("prompt_ids must not be empty")
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
-        stop = sorted(self.eos_token_ids | frozenset(stop_token_ids or ()))
+        stop = sorted(stop_ids(params, self.eos_token_ids, stop_token_ids))
         sampling = _vllm_sampling_params(params, max_tokens, stop)
         if mm is None:
             prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
@@ -223,7 +224,7 @@ class VllmThinkerRunner:
         if not self.kv_transfer:
             raise RuntimeError("this vLLM thinker was started without kv_transfer")
         rid = f"prefill-{uuid.uuid4().hex}"
-        sampling = _vllm_sampling_params(params, 1, sorted(self.eos_token_ids))
+        sampling = _vllm_sampling_params(params, 1, sorted(stop_ids(params, self.eos_token_ids)))
         sampling.extra_args = {"kv_transfer_params": {"omni_ray": "save", "key": rid}}
         self.engine.add_request(rid, TokensPromptOf(prompt_ids), sampling)
         token = None
@@ -260,7 +261,7 @@ class VllmThinkerRunner:
             raise ValueError(f"duplicate request_id {request_id!r}")
         if kv.shape[3] != len(prompt_ids):
             raise ValueError(f"KV holds {kv.shape[3]} tokens, the prompt has {len(prompt_ids)}")
-        stop = sorted(self.eos_token_ids | frozenset(stop_token_ids or ()))
+        stop = sorted(stop_ids(params, self.eos_token_ids, stop_token_ids))
         if first_token in stop or max_tokens <= 1:  # ends with its first token: no engine work
             reason = FinishReason.STOP if first_token in stop else FinishReason.LENGTH
             self._done_early.append(ThinkerStepOutput(request_id, [first_token], True, reason,
@@ -395,7 +396,7 @@ def _vllm_sampling_params(params: SamplingParams, max_tokens: int, stop_token_id
         # Without a tokenizer vLLM knows no eos, so the end-of-turn ids are stop tokens; the stop
         # token is part of the output, as in the transformers runner.
         stop_token_ids=stop_token_ids,
-        ignore_eos=False,
+        ignore_eos=params.ignore_eos,  # vLLM's own eos (the tokenizer's, where it has one)
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
     )
