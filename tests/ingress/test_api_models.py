@@ -81,3 +81,14 @@ def test_streamed_answers_are_pcm16(stream, audio, want):
         assert e.value.param == "audio.format" and e.value.status == 400
     else:
         assert answer_audio_format(body) == want
+
+
+def test_ignore_eos_takes_a_bool_only():
+    """The ``ignore_eos`` extension: a JSON bool; ``"yes"`` or ``1`` is refused naming it
+    (the 400's ``param``), not read as true."""
+    assert ChatCompletionRequest.model_validate({**BASE, "ignore_eos": True}).ignore_eos is True
+    assert ChatCompletionRequest.model_validate(BASE).ignore_eos is None
+    for bad in ("yes", 1):
+        with pytest.raises(ValidationError) as e:
+            ChatCompletionRequest.model_validate({**BASE, "ignore_eos": bad})
+        assert e.value.errors()[0]["loc"] == ("ignore_eos",)
