@@ -442,6 +442,14 @@ def standin_base(chk: Check, a, dev: str, cfg: dict, shape: str, url: str, has_p
     return base
 
 
+def request_lengths(chk: Check) -> dict:
+    """What every stand-in request asks for (serve_bench's options, and each result's setup):
+    the device's max_tokens and frames, and ``--ignore-eos`` (every answer that long)."""
+    b = BENCH[chk.args.device]
+    return dict(max_tokens=b["max_tokens"], max_audio_frames=b["frames"],
+                ignore_eos=chk.args.ignore_eos)
+
+
 def text_only_bench(chk: Check, url: str, shape: str, base: list[dict]) -> None:
     """The same prompts with ``modalities: ["text"]`` at ``--text-levels``: the thinker with no
     speech stage beside it on the GPU. A line a level sets its step and text rate beside the
@@ -449,7 +457,7 @@ def text_only_bench(chk: Check, url: str, shape: str, base: list[dict]) -> None:
     ``gpu_serve.json``'s ``text_only``."""
     from benchmarks.serve_bench import bench
 
-    a, b = chk.args, BENCH[chk.args.device]
+    a = chk.args
     by_c = {lv["concurrency"]: lv for lv in base}
     out = []
     for c in [int(x) for x in a.text_levels.split(",")]:
@@ -457,9 +465,8 @@ def text_only_bench(chk: Check, url: str, shape: str, base: list[dict]) -> None:
             chk.line("SKIP", f"text only c={c}", f"{chk.left_s():.0f}s left")
             continue
         run = bench(url, f"standin-{shape}-text", concurrency=str(c),
-                    num_requests=a.num_requests, max_tokens=b["max_tokens"],
-                    max_audio_frames=b["frames"], modalities="text", warmup=1,
-                    ignore_eos=a.ignore_eos)[0]
+                    num_requests=a.num_requests, modalities="text", warmup=1,
+                    **request_lengths(chk))[0]
         s, m = run["summary"], run["summary"]["metrics"]
         th = (run.get("step_profile") or {}).get("thinker") or {}
         lv = dict(concurrency=c, num_requests=s["num_requests"], num_ok=s["num_ok"],
@@ -592,7 +599,7 @@ def poisson_bench(chk: Check, url: str, shape: str) -> None:
     must not stall the others' first audio) -> ``gpu_serve.json``'s ``poisson``."""
     from benchmarks.serve_bench import bench
 
-    a, b = chk.args, BENCH[chk.args.device]
+    a = chk.args
     out = []
     for rate in [float(r) for r in a.rates.split(",")]:
         if chk.left_s() < 60:
@@ -600,8 +607,7 @@ def poisson_bench(chk: Check, url: str, shape: str) -> None:
             continue
         run = bench(url, f"standin-{shape}", request_rate=str(rate), prompts="mixed",
                     input_len_range=a.rate_prompt_words, num_requests=a.rate_requests,
-                    max_tokens=b["max_tokens"], max_audio_frames=b["frames"], warmup=0,
-                    ignore_eos=a.ignore_eos)[0]
+                    warmup=0, **request_lengths(chk))[0]
         s, reqs = run["summary"], run["requests"]
         ok = [r for r in reqs if r["ok"] and r["ttfa"] is not None]
         short = [r["ttfa"] for r in ok if (r["prompt_tokens"] or 0) < SHORT_PROMPT_TOKENS]
@@ -623,8 +629,7 @@ def poisson_bench(chk: Check, url: str, shape: str) -> None:
         path = a.out / "gpu_serve.json"
         data = json.loads(path.read_text()) if path.exists() else {}
         data["poisson"] = out
-        data["poisson_setup"] = dict(prompt_words=a.rate_prompt_words, max_tokens=b["max_tokens"],
-                                     max_audio_frames=b["frames"], ignore_eos=a.ignore_eos,
+        data["poisson_setup"] = dict(prompt_words=a.rate_prompt_words, **request_lengths(chk),
                                      short_prompt_tokens=SHORT_PROMPT_TOKENS)
         write(path, data)
         chk.line("PASS" if s["num_ok"] == s["num_requests"] else "FAIL", f"poisson {rate:g} req/s",
@@ -881,9 +886,9 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
     conc = [int(c) for c in levels_arg.split(",")] if levels_arg else b["concurrency"]
     args = cfg["applications"][0]["args"]
     setup = dict(config=str(BASE_CONFIG.relative_to(REPO_ROOT)), shape=shape,
-                 model=args["model"], max_tokens=b["max_tokens"], max_audio_frames=b["frames"],
+                 model=args["model"], **request_lengths(chk),
                  num_requests=a.num_requests or "max(2 x concurrency, 8)",
-                 warmup_burst=a.warmup_burst, ignore_eos=a.ignore_eos,
+                 warmup_burst=a.warmup_burst,
                  pipeline=args["pipeline"], thinker=args["thinker"], talker=args["talker"],
                  note=("ignore_eos: every answer max_tokens long, its audio max_audio_frames"
                        if a.ignore_eos else "without ignore_eos: output_tokens_mean and "
@@ -895,9 +900,8 @@ def serve_bench(chk: Check, url: str, shape: str, st: dict, cfg: dict, tag: str 
             continue
         mark = _log_size(log)
         run = bench(url, f"standin-{shape}", concurrency=str(c), num_requests=a.num_requests,
-                    max_tokens=b["max_tokens"], max_audio_frames=b["frames"],
                     warmup=0 if a.warmup_burst else 1, warmup_burst=a.warmup_burst,
-                    ignore_eos=a.ignore_eos)[0]
+                    **request_lengths(chk))[0]
         jits = jit_lines(log, mark)
         s, m = run["summary"], run["summary"]["metrics"]
         lv = dict(concurrency=c, ttft_p50_s=m["ttft"]["p50"], ttfa_p50_s=m["ttfa"]["p50"],
@@ -1002,8 +1006,7 @@ def torch_profile(chk: Check, url: str, shape: str, c: int, text: bool = False) 
     def load() -> None:  # waves of c requests until every capture has its steps
         while not captured.is_set():
             bench(url, f"standin-{shape}-profiled", concurrency=str(c), num_requests=c,
-                  max_tokens=b["max_tokens"], max_audio_frames=b["frames"], warmup=0,
-                  modalities="text" if text else "text,audio", ignore_eos=chk.args.ignore_eos)
+                  warmup=0, modalities="text" if text else "text,audio", **request_lengths(chk))
 
     loader = threading.Thread(target=load)
     loader.start()

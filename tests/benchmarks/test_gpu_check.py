@@ -221,8 +221,13 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
         serve = json.loads((tmp_path / name).read_text())
         assert {"commit", "device", "setup", "serve_run_to_healthy_s", "levels"} <= set(serve)
         assert [lv["concurrency"] for lv in serve["levels"]] == [1, 2]
+        setup = serve["setup"]  # ignore_eos by default: every answer of the asked lengths
+        assert setup["ignore_eos"] is True
         for lv in serve["levels"]:
             assert LEVEL_KEYS <= set(lv) and lv["num_ok"] == lv["num_requests"] == 2
+            assert lv["output_tokens_mean"] == setup["max_tokens"]
+            samples = round(lv["audio_seconds_mean"] * 24000)  # a frame: 1920 samples at 24 kHz
+            assert -(-samples // 1920) == setup["max_audio_frames"], lv["audio_seconds_mean"]
             assert [r["t0_s"] for r in lv["requests"]] == sorted(r["t0_s"] for r in lv["requests"])
             assert len(lv["requests"]) == 2 and all(r["ttfa_s"] > 0 for r in lv["requests"])
             assert all(r["stall_s"] >= 0 for r in lv["requests"])
