@@ -983,14 +983,13 @@ PROFILE_AFTER_S, PROFILE_TIMEOUT_S = 3.0, 60.0  # load before the captures; thei
 def torch_profile(chk: Check, url: str, shape: str, c: int, text: bool = False) -> None:
     """One more load level at concurrency ``c``, not counted among the levels: while it runs, a
     ``torch.profiler`` capture of every stage engine's next steps (``GET /debug/profile``) ->
-    ``gpu_profile.json`` (ops by device and host time per step, and each stage's table) and an
-    INFO line per stage with its top device ops and the device's busy time a step. ``text``:
+    ``gpu_profile.json`` (ops by device and host time per step, the host's waits for the device,
+    and each stage's table) and a line per stage with its top ops and the device's busy time a
+    step. Then a second capture with Python stacks (``stacks``: slower steps, so counts, not
+    times) -> ``call_sites``, and a line per stage naming where its waits are made. ``text``:
     text-only answers and the thinker alone (``gpu_profile_text.json``): its step with no speech
     stage on the GPU, split into device time and the rest."""
     import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    import httpx
 
     from benchmarks.serve_bench import bench
 
@@ -1012,14 +1011,45 @@ def torch_profile(chk: Check, url: str, shape: str, c: int, text: bool = False) 
     loader.start()
     time.sleep(PROFILE_AFTER_S)
     try:
-        with ThreadPoolExecutor(len(stages)) as ex:  # the captures over the same steps
-            asked = {s: ex.submit(  # the summary after a capture can take minutes on CPU
-                httpx.get, f"{url}/debug/profile", timeout=600, params=dict(
-                    stage=s, steps=b["profile_steps"], timeout_s=PROFILE_TIMEOUT_S))
-                for s in stages}
+        got = _profiles(chk, url, stages, name, b["profile_steps"], stacks=False)
+        sites = _profiles(chk, url, stages, f"{name} call sites",  # counts: fewer steps do
+                          max(1, b["profile_steps"] // 4), stacks=True)
     finally:
         captured.set()
         loader.join()
+    for stage, p in got.items():
+        top = p["top_device"] or p["top_host"]
+        key = "device_ms_per_step" if p["top_device"] else "host_ms_per_step"
+        busy = (f", device busy {p['device_ms_per_step_total']:.2f} ms/step"
+                if p["top_device"] else "")
+        waits = "; waits " + (", ".join(f"{o['op']} {o['host_ms_per_step']:.2f}"
+                                        for o in p["waits"]) or "none")
+        chk.line("PASS" if p["steps"] else "FAIL", f"{name} {stage}",
+                 f"{p['steps']} steps, {p['ms_per_step']:.1f} ms/step (profiled){busy}; "
+                 f"{key.split('_')[0]} ms/step: " + ", ".join(
+                     f"{o['op'][:48]} {o[key]:.2f}" for o in top[:6]) + waits)
+    for stage, p in sites.items():
+        chk.line("PASS" if p["steps"] else "FAIL", f"{name} call sites {stage}",
+                 f"{p['steps']} steps, waits a step: " + ("; ".join(
+                     f"{w['op']} x{w['calls_per_step']:.2f} at {' < '.join(w['where'][1:3])}"
+                     for w in p["waits"][:4]) or "none"))
+    write(chk.args.out / f"gpu_profile{'_text' if text else ''}.json", dict(
+        commit=chk.data["commit"], device=chk.data["device"], concurrency=c, text_only=text,
+        steps_asked=b["profile_steps"], stages=got,
+        call_sites={stage: dict(steps=p["steps"], ms_per_step=p["ms_per_step"],
+                                waits=p["waits"]) for stage, p in sites.items()}))
+
+
+def _profiles(chk: Check, url: str, stages, name: str, steps: int, stacks: bool) -> dict:
+    """``GET /debug/profile`` of every stage in ``stages`` over the same steps; a FAIL line for
+    a stage whose capture failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    with ThreadPoolExecutor(len(stages)) as ex:  # the summary can take minutes on CPU
+        asked = {s: ex.submit(httpx.get, f"{url}/debug/profile", timeout=600, params=dict(
+            stage=s, steps=steps, timeout_s=PROFILE_TIMEOUT_S, stacks=stacks)) for s in stages}
     got = {}
     for stage, fut in asked.items():
         try:
@@ -1028,19 +1058,7 @@ def torch_profile(chk: Check, url: str, shape: str, c: int, text: bool = False) 
             got[stage] = r.json()
         except Exception as e:  # noqa: BLE001
             chk.line("FAIL", f"{name} {stage}", f"{type(e).__name__}: {e}")
-            continue
-        p = got[stage]
-        top = p["top_device"] or p["top_host"]
-        key = "device_ms_per_step" if p["top_device"] else "host_ms_per_step"
-        busy = (f", device busy {p['device_ms_per_step_total']:.2f} ms/step"
-                if p["top_device"] else "")
-        chk.line("PASS" if p["steps"] else "FAIL", f"{name} {stage}",
-                 f"{p['steps']} steps, {p['ms_per_step']:.1f} ms/step (profiled){busy}; "
-                 f"{key.split('_')[0]} ms/step: " + ", ".join(
-                     f"{o['op'][:48]} {o[key]:.2f}" for o in top[:6]))
-    write(chk.args.out / f"gpu_profile{'_text' if text else ''}.json", dict(
-        commit=chk.data["commit"], device=chk.data["device"], concurrency=c, text_only=text,
-        steps_asked=b["profile_steps"], stages=got))
+    return got
 
 
 def phase_offline(chk: Check) -> None:
@@ -1387,7 +1405,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "eager-graph modes)")
     ap.add_argument("--torch-profile", type=int, default=0, metavar="C",
                     help="standin: after the bench, one more level at concurrency C with a "
-                         "torch.profiler capture of every stage's steps (gpu_profile.json)")
+                         "torch.profiler capture of every stage's steps, then one with "
+                         "Python stacks naming where each waits for the device "
+                         "(gpu_profile.json)")
     ap.add_argument("--torch-profile-text", type=int, default=0, metavar="C",
                     help="standin: a text-only level at concurrency C with a torch.profiler "
                          "capture of the thinker's steps alone (gpu_profile_text.json)")

@@ -349,12 +349,14 @@ class OmniIngress:
 
     @app.get("/debug/profile")
     async def debug_profile(self, stage: str = Query(...), steps: int = Query(50, ge=1, le=2000),
-                            timeout_s: float = Query(60.0, gt=0, le=600)) -> dict:
+                            timeout_s: float = Query(60.0, gt=0, le=600),
+                            stacks: bool = Query(False)) -> dict:
         """A ``torch.profiler`` summary of ``stage``'s engine over its next ``steps`` steps
-        under the traffic running now (stages/step_profile.py): ops by host and device time."""
+        under the traffic running now (stages/step_profile.py): ops by host and device time,
+        and the host's waits for the device (``stacks``: with their Python call sites)."""
         handle = self._debug_stage(stage)
         try:
-            return await handle.profile.remote(steps, timeout_s)
+            return await handle.profile.remote(steps, timeout_s, stacks)
         except ValueError as e:  # another capture is running there
             raise APIError(409, str(e).strip().splitlines()[-1], param="stage",
                            code="profile_running") from None

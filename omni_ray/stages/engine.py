@@ -308,13 +308,15 @@ class StageEngine:
         return dict(stage=self.stage, actor_id=ray.get_runtime_context().get_actor_id(),
                     steps=self.trace.since(since, limit))
 
-    async def profile(self, steps: int = 50, timeout_s: float = 60.0) -> dict:
+    async def profile(self, steps: int = 50, timeout_s: float = 60.0,
+                      stacks: bool = False) -> dict:
         """A ``torch.profiler`` summary of this engine's next ``steps`` steps
         (stages/step_profile.py); when fewer come in ``timeout_s`` (no traffic), of those.
+        ``stacks``: with the Python call sites of the host's waits for the device.
         ValueError while another capture runs here."""
         from omni_ray.stages.step_profile import StepProfile
 
-        prof = StepProfile(self.stage, steps)  # ValueError: steps < 1
+        prof = StepProfile(self.stage, steps, stacks)  # ValueError: steps < 1
         if self._profiling:
             raise ValueError(f"a profile of the {self.stage} engine is running")
         self._ensure_thread()

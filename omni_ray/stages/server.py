@@ -145,10 +145,10 @@ class StageServer:
         out = await self.engine.stats.remote()
         return {**out, **self.sup.stats()}
 
-    async def profile(self, steps: int, timeout_s: float) -> dict:
+    async def profile(self, steps: int, timeout_s: float, stacks: bool = False) -> dict:
         """This replica's engine's ``profile`` (stages/step_profile.py)."""
         await self.sup.wait_ready(timeout_s=120)
-        return await self.engine.profile.remote(steps, timeout_s)
+        return await self.engine.profile.remote(steps, timeout_s, stacks)
 
     async def tune(self, fields: dict) -> dict:
         """This replica's engine's ``tune`` (a running app's live pipeline fields)."""

@@ -199,7 +199,12 @@ def test_standin_phase_passes_on_cpu_and_writes_gpu_serve_json(tmp_path):
     prof = json.loads((tmp_path / "gpu_profile.json").read_text())  # every stage, under load
     assert prof["concurrency"] == 2 and set(prof["stages"]) == {"thinker", "talker", "code2wav"}
     assert all(p["steps"] > 0 and p["top_host"] for p in prof["stages"].values()), prof
-    assert sum(line.startswith("PASS torch profile c=2 ") for line in lines) == 3
+    assert sum(line.startswith("PASS torch profile c=2 ") and " call sites " not in line
+               for line in lines) == 3
+    # the second capture, with Python stacks: where each stage's waits for the device are made
+    assert set(prof["call_sites"]) == set(prof["stages"]), prof["call_sites"]
+    assert all(p["steps"] > 0 and p["waits"] == [] for p in prof["call_sites"].values())
+    assert sum(line.startswith("PASS torch profile c=2 call sites ") for line in lines) == 3
     prof = json.loads((tmp_path / "gpu_profile_text.json").read_text())  # the thinker alone
     assert prof["text_only"] and set(prof["stages"]) == {"thinker"}, prof
     (th,) = prof["stages"].values()

@@ -110,16 +110,22 @@ def test_debug_profile_captures_the_talkers_steps_under_a_request(serve_urls):
         answer["r"] = httpx.post(f"{url}/v1/chat/completions", timeout=180, json={
             "model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}],
             "max_tokens": 32, "modalities": ["text", "audio"],
-            "audio": {"voice": "ethan", "format": "wav"}, "max_audio_frames": 60})
+            "audio": {"voice": "ethan", "format": "wav"}, "max_audio_frames": 90})
 
     t = threading.Thread(target=speak)
     t.start()
     r = httpx.get(f"{url}/debug/profile", params={"stage": "talker", "steps": 3}, timeout=120)
+    sites = httpx.get(f"{url}/debug/profile", timeout=120,
+                      params={"stage": "talker", "steps": 2, "stacks": "true"})
     t.join()
     assert answer["r"].status_code == 200
     assert r.status_code == 200, r.text
     got = r.json()
-    assert got["stage"] == "talker" and got["steps"] == 3
+    assert got["stage"] == "talker" and got["steps"] == 3 and got["stacks"] is False
+    # with stacks: the same summary, and the waits for a GPU by call site (none on CPU)
+    assert sites.status_code == 200, sites.text
+    assert sites.json()["stacks"] is True and sites.json()["steps"] == 2
+    assert sites.json()["waits"] == [] and sites.json()["top_host"]
     assert any(o["op"].startswith("aten::") for o in got["top_host"])
     # every op's time summed covers at least the top op's; device time only where there is one
     assert got["host_ms_per_step_total"] >= got["top_host"][0]["host_ms_per_step"] > 0
@@ -127,7 +133,8 @@ def test_debug_profile_captures_the_talkers_steps_under_a_request(serve_urls):
     if got["device"]:
         assert got["device_ms_per_step_total"] >= got["top_device"][0]["device_ms_per_step"]
     for params, field in (({"stage": "vocoder"}, "stage"), ({"stage": "talker", "steps": 0},
-                                                             "steps")):
+                                                             "steps"),
+                          ({"stage": "talker", "stacks": "maybe"}, "stacks")):
         bad = httpx.get(f"{url}/debug/profile", params=params, timeout=30)
         assert bad.status_code == 400 and field in str(bad.json()["error"]["param"]), bad.text
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 import ray
 
 from omni_ray.config.request import OmniRequest
@@ -51,3 +52,36 @@ def test_one_capture_at_a_time_and_steps_checked(thinker_engine):
     for ref in _run(thinker_engine, "p-after", 8):
         ray.get(ref)
     assert ray.get(thinker_engine.profile.remote(steps=1, timeout_s=0.2))["steps"] == 0
+
+
+def _two_products(a):
+    return torch.mm(a, a), torch.mm(a, a)
+
+
+def _one_product(a):
+    return torch.mm(a, a)
+
+
+def test_callers_names_each_call_site_of_an_op_with_its_count():
+    """``callers``: per op and Python call site, calls a step, from a capture with stacks (the
+    mechanism that names where the host's waits for a GPU are made, exercised on an op CPU
+    has). Each of the two functions that call ``mm`` is a site of its own, counted apart."""
+    from omni_ray.stages.step_profile import StepProfile, callers
+
+    prof = StepProfile("test", 4, stacks=True)
+    prof.start()
+    a = torch.ones(8, 8)
+    for _ in range(4):
+        _two_products(a)
+        _one_product(a)
+        prof.on_step()
+    prof.stop()
+    sites = callers(prof._prof.events(), {"aten::mm"}, prof.steps, packages=("test_step_profile",))
+    by_fn = {s["where"][1].rsplit(": ", 1)[-1]: s for s in sites}
+    assert set(by_fn) == {"_two_products", "_one_product"}, sites
+    assert by_fn["_two_products"]["calls_per_step"] == 2.0
+    assert by_fn["_one_product"]["calls_per_step"] == 1.0
+    assert all(s["op"] == "aten::mm" and s["host_ms_per_step"] > 0 for s in sites)
+    assert by_fn["_one_product"]["where"][1].startswith("test_step_profile.py(")
+    summary = prof.summary()
+    assert summary["stacks"] is True and summary["waits"] == []  # no CUDA wait on CPU
