@@ -27,6 +27,7 @@ from typing import ClassVar, Literal
 
 import torch
 from vllm.model_executor.models.qwen3_vl_moe import Qwen3MoeLLMForCausalLM
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 # checkpoint name prefix -> vLLM Qwen3MoeForCausalLM name prefix (first match wins)
@@ -115,3 +116,8 @@ class TalkerScheduler(Scheduler):
             counts["sched_held"] += held
             counts["sched_waiting"] += len(self.waiting) + len(self.skipped_waiting)
         return out
+
+
+class AsyncTalkerScheduler(TalkerScheduler, AsyncScheduler):
+    """``TalkerScheduler`` over vLLM's async scheduler (the talker's ``async_scheduling``): it
+    schedules step k+1 before step k's codes are read, one output placeholder a request."""

@@ -413,6 +413,109 @@ def test_abort_drops_the_kept_code_predictor_result(batched_talker, thinker_out)
     assert not batched_talker._bridge.early and not batched_talker.has_unfinished()
 
 
+# -- vLLM's async scheduling (engine_kwargs async_scheduling) -----------------------------------
+@pytest.fixture(scope="module")
+def async_talker(tiny_model_dir):
+    """A vLLM talker on vLLM's async scheduler: step k+1 is scheduled and its inputs built
+    before step k's codes reach the host (kept on here although vLLM's CPU platform turns it
+    off)."""
+    from omni_ray.models.loading import load_stage
+    from omni_ray.models.vllm_talker import AsyncTalkerScheduler
+    from omni_ray.runners.vllm.engine_args import CPU_ENGINE_DEFAULTS
+    from omni_ray.runners.vllm.talker import VllmTalkerRunner
+
+    tk = load_stage(tiny_model_dir, "talker", "cpu", torch.float32)
+    runner = VllmTalkerRunner(tiny_model_dir, tk.module, tk.text_embedding, tk.config,
+                              engine_kwargs={**CPU_ENGINE_DEFAULTS, **ENGINE_KWARGS,
+                                             "async_scheduling": True})
+    core = runner.engine.engine_core.engine_core
+    assert runner.async_step and runner.engine.vllm_config.scheduler_config.async_scheduling
+    assert core.batch_queue is not None and isinstance(core.scheduler, AsyncTalkerScheduler)
+    yield from idle_runner(runner)
+    runner.shutdown()
+
+
+@pytest.mark.parametrize("steps_between", [0, 3])
+def test_async_step_frames_equal_transformers_talker(async_talker, hf_talker, thinker_out,
+                                                     steps_between):
+    """Greedy, the talker's default penalty (1.05): the same frames and finish reasons as
+    TalkerRunner, with the requests in lockstep and with the text trickling in (requests held
+    while vLLM has a step in flight). Some answers end at the codec end, which vLLM reads a
+    step late: the step it ran past it makes no frame. Afterwards nothing is kept."""
+    params = SamplingParams(repetition_penalty=1.05)
+    ref, ref_done = _drive(hf_talker, thinker_out, params=params)
+    assert any(r == FinishReason.STOP for r, _ in ref_done.values())  # the codec end is met
+    before = dict(async_talker.time_spent)
+    got, done = _drive(async_talker, thinker_out, steps_between, params=params)
+    assert done == ref_done
+    for rid in ref:
+        assert torch.equal(got[rid], ref[rid]), (steps_between, rid)
+    made = sum(f.shape[0] for f in got.values())
+    assert async_talker.time_spent["frames"] - before["frames"] == made
+    bridge = async_talker._bridge
+    assert not bridge.early and not bridge.unmarked and not bridge.seqs
+
+
+def test_async_step_repetition_penalty_and_ignore_eos_equal_transformers(async_talker,
+                                                                          hf_talker, thinker_out):
+    """The penalty's seen codes, marked on the device from the sampler's codes (the host learns
+    them a step late), pick TalkerRunner's frames; and with ``ignore_eos`` every answer runs
+    to its max_audio_frames, no frame more (vLLM schedules no step past max_tokens)."""
+    for params in (SamplingParams(repetition_penalty=1.3),
+                   SamplingParams(repetition_penalty=1.05, ignore_eos=True)):
+        ref, ref_done = _drive(hf_talker, thinker_out, params=params)
+        got, done = _drive(async_talker, thinker_out, params=params)
+        assert done == ref_done, params
+        for rid in ref:
+            assert torch.equal(got[rid], ref[rid]), (params, rid)
+    for rid, _, _, frames in thinker_out:
+        assert got[rid].shape[0] == frames
+
+
+def test_async_step_abort_mid_stream_leaves_nothing(async_talker, thinker_out):
+    """An abort with a step in flight: vLLM's next output for it is dropped, nothing is kept,
+    and the next request's frames are its own (equal to its frames alone)."""
+    rid, prompt, text, frames = thinker_out[2]
+    async_talker.add_request(rid, "ethan", GREEDY, frames)
+    async_talker.push_text(rid, text, True, prompt_token_ids=prompt)
+    produced = 0
+    while produced < 3:
+        produced += sum(o.frames.shape[0] for o in async_talker.step())
+    assert async_talker.abort(rid)
+    assert not async_talker.has_unfinished() and not async_talker._bridge.seqs
+    assert not async_talker._bridge.early and not async_talker._bridge.unmarked
+    alone, _ = _drive(async_talker, [thinker_out[1]])
+    again, _ = _drive(async_talker, [thinker_out[1]])
+    assert torch.equal(alone[thinker_out[1][0]], again[thinker_out[1][0]])
+
+
+@pytest.mark.parametrize("mode", ["sync", "async_chunk"])
+def test_async_step_in_the_pipeline_equals_transformers(hf_omni, tiny_model_dir, mode):
+    """transformers thinker + the vLLM talker on vLLM's async scheduler + code2wav == the
+    transformers pipeline (text, frames, audio), with the thinker's text streamed to the
+    talker chunk by chunk in async_chunk."""
+    from omni_ray.offline import Omni
+
+    omni = Omni(tiny_model_dir, mode="sync", talker_backend="vllm",
+                talker_engine_kwargs={**ENGINE_KWARGS, "async_scheduling": True})
+    try:
+        assert omni.talker.async_step
+        assert_same_answers(pipeline_run(hf_omni, mode), pipeline_run(omni, mode))
+    finally:
+        omni.shutdown()
+
+
+def test_async_step_needs_the_code_predictor_behind_the_sampler(tiny_model_dir):
+    from omni_ray.models.loading import load_stage
+    from omni_ray.runners.vllm.talker import VllmTalkerRunner
+
+    tk = load_stage(tiny_model_dir, "talker", "cpu", torch.float32)
+    with pytest.raises(ValueError, match="async_scheduling needs the batched code predictor"):
+        VllmTalkerRunner(tiny_model_dir, tk.module, tk.text_embedding, tk.config,
+                         early_code_predictor=False,
+                         engine_kwargs={**ENGINE_KWARGS, "async_scheduling": True})
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the code predictor's stream is CUDA's")
 def test_code_predictor_on_its_stream_changes_no_frame_on_cuda(tiny_model_dir, thinker_out):
@@ -433,6 +536,38 @@ def test_code_predictor_on_its_stream_changes_no_frame_on_cuda(tiny_model_dir, t
             _early_equals_late(runner, thinker_out, steps_between)
     finally:
         runner.shutdown()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA streams and graphs")
+def test_async_step_on_cuda_equals_the_sync_step(tiny_model_dir, thinker_out):
+    """On CUDA (float32; the code predictor's CUDA graphs on its own stream behind the
+    sampler, vLLM's async output copy): the talker on vLLM's async scheduler makes the frames
+    of the synchronous one, in lockstep and with the text trickling in, with the default
+    penalty (answers that end at the codec end included). CI has no GPU: scripts/device's
+    ``GPU_TESTS`` runs it by its node id."""
+    from omni_ray.models.loading import load_stage
+    from omni_ray.runners.vllm.talker import VllmTalkerRunner
+
+    params = SamplingParams(repetition_penalty=1.05)
+    got = {}
+    for async_step in (False, True):
+        tk = load_stage(tiny_model_dir, "talker", "cuda", torch.float32)
+        runner = VllmTalkerRunner(tiny_model_dir, tk.module, tk.text_embedding, tk.config,
+                                  device="cuda", enforce_eager=True, gpu_memory_utilization=0.1,
+                                  engine_kwargs={**ENGINE_KWARGS,
+                                                 "async_scheduling": async_step})
+        try:
+            assert runner.async_step is async_step and runner.inputs.cp_graphs is not None
+            got[async_step] = [_drive(runner, thinker_out, steps_between, params=params)
+                               for steps_between in (0, 3)]
+        finally:
+            runner.shutdown()
+    for (sync_frames, sync_done), (async_frames, async_done) in zip(got[False], got[True]):
+        assert async_done == sync_done
+        assert any(r == FinishReason.STOP for r, _ in sync_done.values())
+        for rid in sync_frames:
+            assert torch.equal(async_frames[rid], sync_frames[rid]), rid
 
 
 def test_the_backbone_directory_is_the_checkpoints_own_on_every_start(talker, tiny_model_dir):

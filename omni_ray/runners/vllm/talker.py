@@ -26,8 +26,15 @@ tests/vllm fail if their meaning moves): the engine core runs in this process
 host); ``engine_core.engine_core.scheduler``; ``compute_logits`` receiving one hidden row per
 request in ``req_ids`` order; the model runner's ``sampler`` (called once per step with the
 rows' logits, returning ``sampled_token_ids``) and ``discard_request_mask`` (rows whose
-sample is thrown away: a prompt still being prefilled). Async scheduling is off (the bridge
-needs last step's sampled code before it builds the next input).
+sample is thrown away: a prompt still being prefilled).
+
+Async scheduling (``engine_kwargs: {async_scheduling: true}``, off by default): vLLM schedules
+and prepares step k+1 while the device runs step k, and the host learns step k's codes a step
+later. The bridge then never reads a sampled code on the host: a decode row's input is the
+code predictor's result behind the sampler (``early``, required), the repetition penalty marks
+the codes the sampler hook saw (on the device), and a frame whose first code is the codec end
+is no frame (vLLM runs one step past a stop before it reads it). vLLM's CPU platform turns async
+scheduling off; a talker that asks for it keeps it there, so its CPU tests check it.
 
 Multimodal prompts: the talker's 3-D (mrope) positions come from transformers' ``get_rope_index``
 (``TalkerInputs.mm_positions``) and reach vLLM through a wrapper on the model runner's
@@ -104,7 +111,7 @@ class VllmTalkerRunner(TalkerRequests):
         from vllm.v1.engine.llm_engine import LLMEngine
 
         from omni_ray.models.vllm_plugin import register
-        from omni_ray.models.vllm_talker import TalkerScheduler
+        from omni_ray.models.vllm_talker import AsyncTalkerScheduler, TalkerScheduler
         from omni_ray.runners.vllm.thinker import _no_torch_compile_on_cpu
 
         register()
@@ -122,6 +129,7 @@ class VllmTalkerRunner(TalkerRequests):
         # the same directory on every start from this checkpoint: vLLM's compile cache (and the
         # code predictor's, in the inductor cache vLLM points this process at) hit
         self.backbone_dir = backbone_dir(model_dir)
+        batch = batch_code_predictor and self.inputs.can_batch
         args = dict(
             model=str(self.backbone_dir), dtype=dtype, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
@@ -130,13 +138,22 @@ class VllmTalkerRunner(TalkerRequests):
             generation_config="vllm", disable_log_stats=True,
         )
         args.update(engine_kwargs or {})
+        self.async_step = bool(args["async_scheduling"])
+        if self.async_step:
+            if not (batch and early_code_predictor):
+                raise ValueError("talker async_scheduling needs the batched code predictor "
+                                 "behind the sampler (early_code_predictor, a batchable "
+                                 "code predictor)")
+            args["scheduler_cls"] = AsyncTalkerScheduler
         from omni_ray.runners.vllm.process import shared_workspace
 
         with _no_torch_compile_on_cpu(args["enforce_eager"]), shared_workspace(), \
-                phases.timed("vllm_engine_s"):
+                _async_scheduling_kept(self.async_step), phases.timed("vllm_engine_s"):
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
+        if self.engine.vllm_config.scheduler_config.async_scheduling != self.async_step:
+            raise RuntimeError(f"vLLM did not keep the talker's async_scheduling="
+                               f"{self.async_step}")
         self._dtype = getattr(torch, args["dtype"]) if isinstance(args["dtype"], str) else None
-        batch = batch_code_predictor and self.inputs.can_batch
         try:
             core = self.engine.engine_core.engine_core
             model_runner = self.engine.model_executor.driver_worker.worker.model_runner
@@ -159,7 +176,8 @@ class VllmTalkerRunner(TalkerRequests):
                                text_s=0.0, logits_s=0.0, rest_s=0.0, prefills=0, frames=0,
                                early_frames=0, sched_tokens=0, sched_prompt_tokens=0,
                                sched_new=0, sched_held=0, sched_waiting=0)
-        self._bridge = _Bridge(self.inputs, model_runner, batch, self.time_spent)
+        self._bridge = _Bridge(self.inputs, model_runner, batch, self.time_spent,
+                               async_step=self.async_step)
         model.omni_bridge = self._bridge
         if batch and early_code_predictor:
             model_runner.sampler = _AfterSampling(model_runner.sampler, self._bridge)
@@ -186,6 +204,7 @@ class VllmTalkerRunner(TalkerRequests):
         seq = self._seqs.pop(request_id, None)
         internal = self._internal.pop(request_id, None)
         self._bridge.early.pop(request_id, None)
+        self._bridge.unmarked.pop(request_id, None)
         if internal is not None:
             self._bridge.seqs.pop(internal, None)
             self._bridge.positions.pop(internal, None)
@@ -222,6 +241,9 @@ class VllmTalkerRunner(TalkerRequests):
         first = self._bridge.first_frames(finished)
         for rid, seq in list(self._seqs.items()):
             frame = self._bridge.frames.pop(rid, None)
+            if frame is not None and int(frame[0, 0]) == self.inputs.codec_eos:
+                frame = None  # async: the step vLLM ran past the codec end before it read it
+                self.time_spent["frames"] -= 1
             if rid in first:
                 frame = first[rid]
             error = self._bridge.errors.pop(rid, None)
@@ -309,6 +331,7 @@ class VllmTalkerRunner(TalkerRequests):
     def _forget(self, request_id: str) -> None:
         self._seqs.pop(request_id, None)
         self._bridge.early.pop(request_id, None)
+        self._bridge.unmarked.pop(request_id, None)
         internal = self._internal.pop(request_id, None)
         if internal is not None:
             self._bridge.seqs.pop(internal, None)
@@ -325,8 +348,9 @@ class _Bridge:
     """Per-step inputs for vLLM's talker model; its hooks run inside ``engine.step()``."""
 
     def __init__(self, inputs: TalkerInputs, model_runner, batch_code_predictor: bool,
-                 time_spent: dict):
+                 time_spent: dict, async_step: bool = False):
         self.inputs = inputs
+        self.async_step = async_step  # vLLM's async scheduling: no sampled code on the host
         self.spent = time_spent
         self.runner = model_runner
         self.batch_code_predictor = batch_code_predictor
@@ -337,6 +361,9 @@ class _Bridge:
         # our request id -> the code predictor's result for the code vLLM sampled last
         # (after_sampling), for the request's next step
         self.early: dict[str, _Early] = {}
+        # async step: our request id -> codes sampled since the penalty last marked them, on
+        # the device (the host learns them a step late)
+        self.unmarked: dict[str, list[torch.Tensor]] = {}
         self._emitted: list = []  # copy events of the early frames this step emits
         self._fresh = 0  # rows whose hidden state on_logits took this step
         self._stream = None   # CUDA: the code predictor's stream behind the sampler
@@ -377,13 +404,16 @@ class _Bridge:
         if len(rows) != input_ids.shape[0]:
             raise RuntimeError(f"talker bridge: {input_ids.shape[0]} token rows, the batch "
                                f"layout says {len(rows)} (vLLM internals moved?)")
-        live = []
-        for (_, internal), token in zip(rows, ids):
+        live, row_of = [], {}
+        for r, ((_, internal), token) in enumerate(zip(rows, ids)):
             seq = self.seqs.get(internal)
             if seq is None:
                 raise RuntimeError(f"talker bridge: unknown request {internal!r} in the batch")
             why = None
-            if not seq.codec_ids or token != seq.codec_ids[-1] or seq.past_hidden is None:
+            if self.async_step:  # the code fed is on the device only (input_ids)
+                if seq.past_hidden is None:
+                    why = "decoded before its first code was sampled"
+            elif not seq.codec_ids or token != seq.codec_ids[-1] or seq.past_hidden is None:
                 why = (f"vLLM fed code {token}, the last sampled was "
                        f"{seq.codec_ids[-1] if seq.codec_ids else None}")
             elif not seq.ready():
@@ -392,6 +422,7 @@ class _Bridge:
                 self.errors[seq.request_id] = f"RuntimeError: {seq.request_id}: {why}"
             else:
                 live.append(seq)
+                row_of[seq.request_id] = r
         residual = {}
         t0 = time.perf_counter()
         sent = set()  # first frames, out the step they were made (first_frames)
@@ -406,13 +437,22 @@ class _Bridge:
         rest = [seq for seq in live if seq.request_id not in residual]
         if self.batch_code_predictor and rest:
             try:
-                residual.update(self.inputs.residual_codes_batch(rest, frames_later=True))
+                code0 = None  # async: the codes vLLM feeds, as the host does not know them yet
+                if self.async_step:
+                    code0 = input_ids[to_device([row_of[s.request_id] for s in rest],
+                                                input_ids.device)].to(torch.long)
+                residual.update(self.inputs.residual_codes_batch(rest, frames_later=True,
+                                                                 code0=code0))
             except Exception:  # one request at a time below isolates the failure
                 pass
         ok = []
         for seq in live:
             try:
-                got = residual.get(seq.request_id) or self.inputs.residual_codes(seq)
+                got = residual.get(seq.request_id)
+                if got is None and self.async_step:
+                    raise RuntimeError("the code predictor made no frame for it")
+                if got is None:
+                    got = self.inputs.residual_codes(seq)
             except Exception as e:  # this request only: it fails, its row is zeros
                 self.errors[seq.request_id] = f"{type(e).__name__}: {e}"
                 continue
@@ -478,6 +518,10 @@ class _Bridge:
         t0 = time.perf_counter()
         code0 = sampled[:n, 0] if len(rows) == n else sampled[to_device(rows, sampled.device), 0]
         code0 = code0.to(torch.long)
+        if self.async_step:  # the penalty's seen codes, marked on the device next step
+            for j, seq in enumerate(seqs):
+                if seq.params.repetition_penalty != 1.0:
+                    self.unmarked.setdefault(seq.request_id, []).append(code0[j:j + 1].clone())
         side = self._side_stream(sampled.device)
         with contextlib.ExitStack() as on_side:
             if side is not None:
@@ -538,6 +582,8 @@ class _Bridge:
             if early.copy is not None:
                 early.copy.synchronize()
             early.emitted = True
+            if int(early.frame[0, 0]) == self.inputs.codec_eos:
+                continue  # the answer ends before its first frame (async: not yet finished)
             out[rid] = early.frame
         self.spent["frames"] += len(out)
         return out
@@ -560,7 +606,7 @@ class _Bridge:
         if n == 0 or hidden.shape[0] != n:  # warm-up / profiling
             return logits
         penalized: list[TalkerSeq | None] = []
-        new_rows, new_codes, no_eos = [], [], []
+        new_rows, new_codes, no_eos = [], [], []  # new_codes: host ints, or device tensors
         self._fresh = n
         for i, internal in enumerate(batch.req_ids[:n]):
             seq = self.seqs.get(internal)
@@ -575,10 +621,13 @@ class _Bridge:
                 seq.seen_mask = torch.zeros(logits.shape[1], dtype=torch.bool,
                                             device=logits.device)
                 seq.seen_marked = 0
-            fresh = seq.codec_ids[seq.seen_marked:]  # sampled since the last step: one code
+            if self.async_step:
+                fresh = self.unmarked.pop(seq.request_id, [])
+            else:
+                fresh = seq.codec_ids[seq.seen_marked:]  # sampled since the last step: one code
+                seq.seen_marked = len(seq.codec_ids)
             new_rows += [i] * len(fresh)
             new_codes += fresh
-            seq.seen_marked = len(seq.codec_ids)
             penalized.append(seq)
         if no_eos:  # TalkerInputs.suppressed: the codec end too
             logits[to_device(no_eos, logits.device), self.inputs.codec_eos] = float("-inf")
@@ -591,7 +640,9 @@ class _Bridge:
                 self._unseen.device != logits.device:
             self._unseen = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
         seen = torch.stack([s.seen_mask if s is not None else self._unseen for s in penalized])
-        if new_rows:
+        if new_rows and self.async_step:
+            seen[to_device(new_rows, logits.device), torch.cat(new_codes)] = True
+        elif new_rows:
             at = to_device([new_rows, new_codes], logits.device)
             seen[at[0], at[1]] = True
         for i, s in enumerate(penalized):
@@ -648,3 +699,32 @@ def _vllm_sampling_params(params: SamplingParams, max_tokens: int, codec_eos: in
         stop_token_ids=[codec_eos], ignore_eos=False, detokenize=False,
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+@contextlib.contextmanager
+def _async_scheduling_kept(on: bool):
+    """While vLLM builds its config: on its CPU platform, which turns async scheduling off
+    ("not required on CPU"), keep it on when the talker asks for it (its CPU tests check the
+    async step against transformers)."""
+    from vllm.platforms import current_platform
+
+    if not on or not current_platform.is_cpu():
+        yield
+        return
+    cls = type(current_platform)
+    own = "check_and_update_config" in vars(cls)
+    saved = vars(cls).get("check_and_update_config")
+    original = cls.check_and_update_config
+
+    def keep(vllm_config) -> None:
+        original(vllm_config)
+        vllm_config.scheduler_config.async_scheduling = True
+
+    cls.check_and_update_config = staticmethod(keep)
+    try:
+        yield
+    finally:
+        if own:
+            cls.check_and_update_config = saved
+        else:
+            del cls.check_and_update_config
