@@ -95,6 +95,18 @@ def _drive(runner, feeds, steps_between=0, params=GREEDY, first_at=None):
             for rid, f in got.items()}, done
 
 
+def _drive_as(runner, ref_runner, feeds, steps_between=0, params=GREEDY):
+    """``_drive`` ``runner`` and ``ref_runner`` (all text known) on ``feeds``: the same finish
+    reasons and frames, request by request; ``runner``'s (frames, finish reasons, the
+    reference's)."""
+    ref, ref_done = _drive(ref_runner, feeds, params=params)
+    got, done = _drive(runner, feeds, steps_between, params=params)
+    assert done == ref_done, (steps_between, params)
+    for rid in ref:
+        assert torch.equal(got[rid], ref[rid]), (steps_between, params, rid)
+    return got, done, ref_done
+
+
 # -- the whole pipeline ------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["sync", "async_chunk"])
 def test_mixed_pipeline_equals_transformers(hf_omni, mixed_omni, mode):
@@ -217,15 +229,23 @@ def test_scheduling_without_text_fails_loudly(talker, hf_talker, thinker_out):
     assert not talker._bridge.seqs and not talker.engine.has_unfinished_requests()
 
 
-def test_abort_mid_stream_leaves_nothing(talker, thinker_out):
-    rid, prompt, text, frames = thinker_out[2]
-    talker.add_request(rid, "ethan", GREEDY, frames)
-    talker.push_text(rid, text, True, prompt_token_ids=prompt)
+def _abort_after_frames(runner, feed, frames_out: int = 3) -> None:
+    """Start ``feed`` (rid, prompt, text, max_frames), step until it has made ``frames_out``
+    frames, abort it: the runner keeps nothing of it."""
+    rid, prompt, text, frames = feed
+    runner.add_request(rid, "ethan", GREEDY, frames)
+    runner.push_text(rid, text, True, prompt_token_ids=prompt)
     produced = 0
-    while produced < 3:
-        produced += sum(o.frames.shape[0] for o in talker.step())
-    assert talker.abort(rid)
-    assert not talker.has_unfinished() and not talker._bridge.seqs
+    while produced < frames_out:
+        produced += sum(o.frames.shape[0] for o in runner.step())
+    assert runner.abort(rid)
+    assert not runner.has_unfinished() and not runner._bridge.seqs
+    assert not runner._bridge.early and not runner._bridge.unmarked
+
+
+def test_abort_mid_stream_leaves_nothing(talker, thinker_out):
+    rid = thinker_out[2][0]
+    _abort_after_frames(talker, thinker_out[2])
     assert not talker.engine.has_unfinished_requests()
     assert not talker.abort(rid)
 
@@ -442,14 +462,10 @@ def test_async_step_frames_equal_transformers_talker(async_talker, hf_talker, th
     TalkerRunner, with the requests in lockstep and with the text trickling in (requests held
     while vLLM has a step in flight). Some answers end at the codec end, which vLLM reads a
     step late: the step it ran past it makes no frame. Afterwards nothing is kept."""
-    params = SamplingParams(repetition_penalty=1.05)
-    ref, ref_done = _drive(hf_talker, thinker_out, params=params)
-    assert any(r == FinishReason.STOP for r, _ in ref_done.values())  # the codec end is met
     before = dict(async_talker.time_spent)
-    got, done = _drive(async_talker, thinker_out, steps_between, params=params)
-    assert done == ref_done
-    for rid in ref:
-        assert torch.equal(got[rid], ref[rid]), (steps_between, rid)
+    got, done, _ = _drive_as(async_talker, hf_talker, thinker_out, steps_between,
+                             SamplingParams(repetition_penalty=1.05))
+    assert any(r == FinishReason.STOP for r, _ in done.values())  # the codec end is met
     made = sum(f.shape[0] for f in got.values())
     assert async_talker.time_spent["frames"] - before["frames"] == made
     bridge = async_talker._bridge
@@ -463,30 +479,16 @@ def test_async_step_repetition_penalty_and_ignore_eos_equal_transformers(async_t
     to its max_audio_frames, no frame more (vLLM schedules no step past max_tokens)."""
     for params in (SamplingParams(repetition_penalty=1.3),
                    SamplingParams(repetition_penalty=1.05, ignore_eos=True)):
-        ref, ref_done = _drive(hf_talker, thinker_out, params=params)
-        got, done = _drive(async_talker, thinker_out, params=params)
-        assert done == ref_done, params
-        for rid in ref:
-            assert torch.equal(got[rid], ref[rid]), (params, rid)
+        got, _, _ = _drive_as(async_talker, hf_talker, thinker_out, params=params)
     for rid, _, _, frames in thinker_out:
         assert got[rid].shape[0] == frames
 
 
-def test_async_step_abort_mid_stream_leaves_nothing(async_talker, thinker_out):
+def test_async_step_abort_mid_stream_leaves_nothing(async_talker, hf_talker, thinker_out):
     """An abort with a step in flight: vLLM's next output for it is dropped, nothing is kept,
-    and the next request's frames are its own (equal to its frames alone)."""
-    rid, prompt, text, frames = thinker_out[2]
-    async_talker.add_request(rid, "ethan", GREEDY, frames)
-    async_talker.push_text(rid, text, True, prompt_token_ids=prompt)
-    produced = 0
-    while produced < 3:
-        produced += sum(o.frames.shape[0] for o in async_talker.step())
-    assert async_talker.abort(rid)
-    assert not async_talker.has_unfinished() and not async_talker._bridge.seqs
-    assert not async_talker._bridge.early and not async_talker._bridge.unmarked
-    alone, _ = _drive(async_talker, [thinker_out[1]])
-    again, _ = _drive(async_talker, [thinker_out[1]])
-    assert torch.equal(alone[thinker_out[1][0]], again[thinker_out[1][0]])
+    and the next request's frames are TalkerRunner's."""
+    _abort_after_frames(async_talker, thinker_out[2])
+    _drive_as(async_talker, hf_talker, [thinker_out[1]])
 
 
 @pytest.mark.parametrize("mode", ["sync", "async_chunk"])
