@@ -209,24 +209,32 @@ def test_scheduling_without_text_fails_loudly(talker, hf_talker, thinker_out):
     """Negative control: with the scheduler's guard off, the request whose text is missing is
     scheduled, and it fails with an error (it is not decoded on nothing); the other request,
     whose text is all there, is untouched."""
+    _without_the_text_guard(talker, hf_talker, thinker_out)
+
+
+def _without_the_text_guard(runner, hf_talker, thinker_out) -> None:
     (rid_a, prompt_a, text_a, frames_a), (rid_b, prompt_b, text_b, frames_b) = thinker_out[1:3]
     ref, _ = _drive(hf_talker, [(rid_a, prompt_a, text_a, frames_a)])
-    talker.engine.engine_core.engine_core.scheduler.omni_ready = None
-    talker.add_request(rid_a, "ethan", GREEDY, frames_a)
-    talker.push_text(rid_a, text_a, True, prompt_token_ids=prompt_a)
-    talker.add_request(rid_b, "ethan", GREEDY, frames_b)
-    talker.push_text(rid_b, text_b[:2], False, prompt_token_ids=prompt_b)  # thinker stalls
-    got, done = {rid_a: [], rid_b: []}, {}
-    while talker.has_unfinished():
-        for o in talker.step():
-            got[o.request_id].append(o.frames)
-            if o.finished:
-                done[o.request_id] = (o.finish_reason, o.error)
+    scheduler = runner.engine.engine_core.engine_core.scheduler
+    guard, scheduler.omni_ready = scheduler.omni_ready, None
+    try:
+        runner.add_request(rid_a, "ethan", GREEDY, frames_a)
+        runner.push_text(rid_a, text_a, True, prompt_token_ids=prompt_a)
+        runner.add_request(rid_b, "ethan", GREEDY, frames_b)
+        runner.push_text(rid_b, text_b[:2], False, prompt_token_ids=prompt_b)  # thinker stalls
+        got, done = {rid_a: [], rid_b: []}, {}
+        while runner.has_unfinished():
+            for o in runner.step():
+                got[o.request_id].append(o.frames)
+                if o.finished:
+                    done[o.request_id] = (o.finish_reason, o.error)
+    finally:
+        scheduler.omni_ready = guard
     assert done[rid_b][0] == FinishReason.ERROR
     assert "trailing text" in done[rid_b][1] and "not available" in done[rid_b][1]
     assert done[rid_a][1] is None
     assert torch.equal(torch.cat(got[rid_a]), ref[rid_a])
-    assert not talker._bridge.seqs and not talker.engine.has_unfinished_requests()
+    assert not runner._bridge.seqs and not runner.engine.has_unfinished_requests()
 
 
 def _abort_after_frames(runner, feed, frames_out: int = 3) -> None:
@@ -491,11 +499,18 @@ def test_async_step_abort_mid_stream_leaves_nothing(async_talker, hf_talker, thi
     _drive_as(async_talker, hf_talker, [thinker_out[1]])
 
 
+def test_async_step_scheduling_without_text_fails_loudly(async_talker, hf_talker, thinker_out):
+    """The same negative control on vLLM's async scheduler: a request scheduled without its
+    next text fails with an error, the other's frames are TalkerRunner's."""
+    _without_the_text_guard(async_talker, hf_talker, thinker_out)
+
+
 @pytest.mark.parametrize("mode", ["sync", "async_chunk"])
 def test_async_step_in_the_pipeline_equals_transformers(hf_omni, tiny_model_dir, mode):
     """transformers thinker + the vLLM talker on vLLM's async scheduler + code2wav == the
     transformers pipeline (text, frames, audio), with the thinker's text streamed to the
-    talker chunk by chunk in async_chunk."""
+    talker chunk by chunk in async_chunk. (Its engine's shutdown resets vLLM's process-wide
+    parallel groups: the tests that step ``async_talker`` come before it.)"""
     from omni_ray.offline import Omni
 
     omni = Omni(tiny_model_dir, mode="sync", talker_backend="vllm",

@@ -416,7 +416,7 @@ class _Bridge:
             elif not seq.codec_ids or token != seq.codec_ids[-1] or seq.past_hidden is None:
                 why = (f"vLLM fed code {token}, the last sampled was "
                        f"{seq.codec_ids[-1] if seq.codec_ids else None}")
-            elif not seq.ready():
+            if why is None and not seq.ready():
                 why = f"trailing text {seq.gen_step} not available (scheduled while waiting)"
             if why is not None:
                 self.errors[seq.request_id] = f"RuntimeError: {seq.request_id}: {why}"
